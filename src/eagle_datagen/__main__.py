@@ -1,0 +1,3 @@
+from eagle_datagen.cli import main
+
+main()

@@ -1,0 +1,348 @@
+"""``run`` and ``resume``: wire the stages together, own the servers, and report.
+
+The CLI builds an options dict and calls :func:`run_command` or :func:`resume_command`; everything
+that needs a test lives here or below, not in the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eagle_datagen import __version__
+from eagle_datagen.client import make_http_client
+from eagle_datagen.config import RunConfig
+from eagle_datagen.errors import BadInputError, DatagenError, ServerError, UsageError
+from eagle_datagen.launcher import ManagedServer, redact
+from eagle_datagen.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
+from eagle_datagen.manifest import MANIFEST_NAME, Manifest, check_plan, file_identity
+from eagle_datagen.options import build_run_config, merge, savable
+from eagle_datagen.pipeline import Limits, Pipeline, Producer, Stats
+from eagle_datagen.pool import Endpoint, ServerPool
+from eagle_datagen.progress import Progress, format_summary
+from eagle_datagen.prompts import PromptReader
+from eagle_datagen.render import Renderer, TokenizerFacts, load_tokenizer, model_vocab_size, tokenizer_facts
+from eagle_datagen.server import (
+    ServerFacts,
+    check_server_facts,
+    default_concurrency,
+    model_mismatch_warnings,
+    read_server_facts,
+    wait_until_healthy,
+)
+from eagle_datagen.shards import ShardStore
+
+log = logging.getLogger("eagle_datagen")
+
+#: How long an attached server may stay unreachable before the run gives up (resume continues it).
+OUTAGE_GIVE_UP_S = 3600.0
+SHARDS_DIR = "shards"
+
+
+@dataclass
+class Outcome:
+    """How a run ended, for the exit code and the last lines printed."""
+
+    summary: str
+    interrupted: bool
+    out_dir: Path
+    exit_code: int = 0
+
+
+def echo(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_command(options: dict[str, Any]) -> Outcome:
+    """``eagle-datagen run``: a new output directory."""
+    config = build_run_config(options)
+    prepare_new_out_dir(config.out_dir)
+    return asyncio.run(_execute(config, options, resume=False))
+
+
+def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
+    """``eagle-datagen resume``: the manifest's options, overridden by explicit ones."""
+    manifest = Manifest.load(out_dir)
+    saved = manifest.server.get("options", {})
+    config = build_run_config(merge(saved, options, {"out": out_dir}))
+    return asyncio.run(_execute(config, merge(saved, options), resume=True))
+
+
+def prepare_new_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; give a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        raise UsageError(
+            f"--out {out_dir} is not empty. To continue the run there: eagle-datagen resume --out {out_dir}; "
+            "to start afresh, give a new directory"
+        )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out {out_dir}: {exc.strerror}") from exc
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"--out {out_dir} is not writable")
+
+
+def build_plan(config: RunConfig, facts: TokenizerFacts, prompts_identity: dict[str, Any]) -> dict[str, Any]:
+    """Everything that changes the bytes of a record."""
+    return {
+        "prompts": prompts_identity,
+        "tokenizer": {
+            "path": str(config.tokenizer.resolve()),
+            "fingerprint": facts.fingerprint,
+            "chat_template_sha256": facts.chat_template_sha256,
+        },
+        "chat_template_kwargs": config.chat_template_kwargs,
+        "sampling_params": config.sampling.to_request(),
+        "samples_per_prompt": config.samples_per_prompt,
+        "shard_size": config.shard_size,
+    }
+
+
+async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) -> Outcome:
+    out = config.out_dir
+    if not config.prompts.is_file():
+        raise UsageError(f"--prompts {config.prompts} does not exist or is not a file")
+    tokenizer = load_tokenizer(config.tokenizer, trust_remote_code=config.trust_remote_code)
+    facts = tokenizer_facts(tokenizer, config.tokenizer)
+    renderer = Renderer(tokenizer, config.chat_template_kwargs)
+    identity = file_identity(config.prompts)
+    plan = build_plan(config, facts, identity)
+    stop_ids = sorted({*facts.eos_token_ids, *config.sampling.params.get("stop_token_ids", [])})
+    if resume:
+        manifest = Manifest.load(out)
+        check_plan(manifest.plan, plan)
+        manifest.plan = plan  # same bytes; paths may have moved
+    else:
+        manifest = Manifest(path=out / MANIFEST_NAME, plan=plan)
+    manifest.facts = {
+        "vocab_size": facts.vocab_size,
+        "model_vocab_size": model_vocab_size(config.tokenizer),
+        "eos_token_ids": list(facts.eos_token_ids),
+        "stop_token_ids": stop_ids,
+        "think_open_id": facts.think_open_id,
+        "think_close_id": facts.think_close_id,
+        "sampling_source": config.sampling.source,
+        "preset": config.preset,
+    }
+    manifest.server["options"] = savable(merge(manifest.server.get("options", {}), options))
+    manifest.save()
+
+    echo(f"eagle-datagen {__version__}: {'resuming' if resume else 'writing'} {out}")
+    echo(f"  sampling ({config.sampling.source}): {config.sampling.to_request()}")
+    echo(f"  chat template kwargs: {config.chat_template_kwargs or '{}'}; stop ids: {stop_ids}")
+
+    store = ShardStore(out / SHARDS_DIR, config.shard_size, manifest.add_shard)
+    report = store.open(manifest.shard_map())
+    for info in report.finalized:
+        if info.name not in manifest.shard_map():
+            manifest.add_shard(info)
+    if report.truncated_bytes:
+        echo(
+            f"  repaired a torn tail: dropped {report.truncated_bytes} bytes ({report.truncated_lines} incomplete line(s)) "
+            "from the partial shard; those requests are sent again"
+        )
+    if resume:
+        echo(f"  already done: {len(store.done)} records")
+
+    failed_ids = {e["id"] for e in read_entries(out / FAILURES_NAME) if isinstance(e.get("id"), str)}
+    if resume and failed_ids - store.done:
+        verb = "retrying" if config.retry_failed else "keeping aside (--no-retry-failed)"
+        echo(f"  {verb} {len(failed_ids - store.done)} failed requests")
+    failures = JsonlLog(out / FAILURES_NAME)
+    rejects = JsonlLog(out / REJECTS_NAME, truncate=True)
+    skip_ids = store.done if config.retry_failed else store.done | failed_ids
+    stats = Stats()
+    started = time.time()
+    run_entry: dict[str, Any] = {"command": "resume" if resume else "run", "started": _utc(started)}
+    manifest.runs.append(run_entry)
+
+    def on_bad(exc: BadInputError) -> None:
+        rejects.append({"line": exc.line, "kind": exc.kind, "message": exc.detail})
+
+    reader = PromptReader(config.prompts, on_bad=on_bad if config.skip_bad_lines else None)
+    interrupted = False
+    try:
+        async with _servers(config, out) as (http, pool, server_facts, managed):
+            manifest.server.update(
+                {"facts": [f.to_json() for f in server_facts], "sglang_version": server_facts[0].version}
+            )
+            if managed is not None:
+                manifest.server["launch_command"] = redact(managed.command)
+            run_entry["servers"] = [f.url for f in server_facts]
+            manifest.save()
+            for warning in model_mismatch_warnings(
+                server_facts[0], config.tokenizer, facts.vocab_size, manifest.facts["model_vocab_size"]
+            ):
+                echo(f"  warning: {warning}")
+            limits = Limits(
+                max_input_len=_min([f.max_req_input_len for f in server_facts]),
+                model_vocab=manifest.facts["model_vocab_size"],
+            )
+            concurrency = config.concurrency or default_concurrency([f.max_running_requests for f in server_facts])
+            echo(
+                f"  servers: {', '.join(f.url for f in server_facts)}; SGLang {server_facts[0].version}; "
+                f"concurrency {concurrency}"
+                + ("" if config.concurrency else " (from the servers' max_running_requests)")
+            )
+            total = max(0, identity["lines"] * config.samples_per_prompt - len(store.done))
+            progress = Progress(stats, pool, total=total, enabled=config.progress)
+            producer = Producer(
+                reader,
+                lambda row: renderer.render(row, str(config.prompts)),
+                samples_per_prompt=config.samples_per_prompt,
+                skip=skip_ids.__contains__,
+                limits=limits,
+                reject=rejects.append,
+                stats=stats,
+            )
+            pipeline = Pipeline(
+                producer=producer,
+                pool=pool,
+                http=http,
+                store=store,
+                failures=failures,
+                sampling_params=config.sampling.to_request(),
+                stop_ids=stop_ids,
+                concurrency=concurrency,
+                max_retries=config.max_retries,
+                checkpoint_records=config.checkpoint_records,
+                checkpoint_interval_s=config.checkpoint_interval_s,
+                stall_timeout_s=config.stall_timeout_s,
+                preflight=config.server.preflight,
+                stats=stats,
+                on_progress=progress.update,
+            )
+            with _signals(pipeline, config.grace_period_s, out) as stopped:
+                try:
+                    await pipeline.run(config.grace_period_s)
+                finally:
+                    progress.close()
+            interrupted = stopped()
+    except BaseException:
+        interrupted = True
+        raise
+    finally:
+        with contextlib.suppress(DatagenError):
+            store.close()
+        failures.close()
+        rejects.close()
+        run_entry.update(
+            {
+                "finished": _utc(time.time()),
+                "records": stats.records,
+                "failures": stats.failures,
+                "interrupted": interrupted,
+            }
+        )
+        with contextlib.suppress(DatagenError):
+            manifest.save()
+    summary = format_summary(
+        stats, reader.stats, store_total=len(store.done), out_dir=out, wall_s=time.time() - started
+    )
+    return Outcome(summary=summary, interrupted=interrupted, out_dir=out, exit_code=130 if interrupted else 0)
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _min(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+@contextlib.asynccontextmanager
+async def _servers(
+    config: RunConfig, out: Path
+) -> AsyncIterator[tuple[httpx.AsyncClient, ServerPool, list[ServerFacts], ManagedServer | None]]:
+    """Launches or attaches, reads and checks server facts, and yields a pool. Always cleans up."""
+    max_connections = (config.concurrency or 0) + 1024
+    http = make_http_client(
+        max_connections=max_connections,
+        request_timeout_s=config.request_timeout_s,
+        api_key=config.server.api_key,
+    )
+    managed: ManagedServer | None = None
+    pool: ServerPool | None = None
+    try:
+        if config.server.launch is not None:
+            managed = ManagedServer(config.server.launch, out / "server.log", api_key=config.server.api_key)
+            echo(f"  starting SGLang: {' '.join(redact(managed.command))} (log: {managed.log_path})")
+            await managed.start(http)
+            urls = [managed.url]
+        else:
+            urls = list(config.server.urls)
+        server_facts = []
+        for url in urls:
+            facts = await read_server_facts(http, url)
+            check_server_facts(facts, allow_reasoning_parser=config.server.allow_reasoning_parser)
+            server_facts.append(facts)
+        endpoints = [Endpoint(f.url, f.max_running_requests, f.max_req_input_len) for f in server_facts]
+        pool = ServerPool(endpoints, _recover_fn(http, managed))
+        yield http, pool, server_facts, managed
+    finally:
+        if pool is not None:
+            await pool.close()
+        if managed is not None:
+            managed.stop()
+        await http.aclose()
+
+
+def _recover_fn(http: httpx.AsyncClient, managed: ManagedServer | None) -> Callable[[Endpoint], Any]:
+    async def recover(endpoint: Endpoint) -> bool:
+        if managed is not None:
+            if managed.alive() and await wait_until_healthy(http, endpoint.url, give_up_after_s=60.0):
+                return True
+            return await managed.restart(http)
+        if await wait_until_healthy(http, endpoint.url, give_up_after_s=OUTAGE_GIVE_UP_S):
+            return True
+        raise ServerError(
+            f"{endpoint.url} has been unreachable for {OUTAGE_GIVE_UP_S:.0f} s; continue later with "
+            "`eagle-datagen resume`"
+        )
+
+    return recover
+
+
+@contextlib.contextmanager
+def _signals(pipeline: Pipeline, grace_s: float, out: Path) -> Any:
+    """First SIGINT/SIGTERM: stop sending, let requests in flight finish (up to ``grace_s``).
+    Second: cancel at once; what was written stays consistent."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    hits = {"n": 0}
+
+    def handle(signum: int) -> None:
+        hits["n"] += 1
+        if hits["n"] == 1:
+            echo(
+                f"\n{signal.Signals(signum).name}: stopping; waiting up to {grace_s:.0f} s for "
+                f"{pipeline.pool.in_flight} requests in flight (press Ctrl-C again to exit at once)"
+            )
+            pipeline.request_stop()
+        elif main is not None:
+            main.cancel()
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handle, sig)
+            installed.append(sig)
+    try:
+        yield lambda: hits["n"] > 0
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,253 @@
+"""The command line: parse options, call the core, map errors to exit codes. No logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+from eagle_datagen import __version__
+from eagle_datagen.errors import DatagenError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+POSITIVE = click.IntRange(min=1)
+
+
+def generation_options(func: F) -> F:
+    """Options shared by ``run`` and ``resume``."""
+    options = [
+        click.option(
+            "--server-url",
+            multiple=True,
+            help="A running SGLang server (repeatable); work goes to the least busy.",
+        ),
+        click.option("--api-key", help="The servers' API key (or set EAGLE_DATAGEN_API_KEY); never logged or saved."),
+        click.option("--server-python", help="Python of the environment where SGLang is installed [python3]."),
+        click.option("--tp-size", type=POSITIVE, help="Tensor parallel size of a launched server [8]."),
+        click.option("--mem-fraction-static", type=click.FloatRange(0, 1, min_open=True), help="[0.85]"),
+        click.option("--host", help="Interface a launched server binds [127.0.0.1]."),
+        click.option("--port", type=click.IntRange(1, 65535), help="Port of a launched server [a free one]."),
+        click.option(
+            "--server-arg",
+            multiple=True,
+            help="Extra argument for a launched server (repeatable), e.g. --server-arg=--context-length=32768.",
+        ),
+        click.option(
+            "--startup-timeout-s",
+            type=click.FloatRange(min=1),
+            help="How long a launched server may take to load [3600].",
+        ),
+        click.option(
+            "--allow-reasoning-parser",
+            is_flag=True,
+            default=None,
+            help="Accept a server that runs a reasoning parser.",
+        ),
+        click.option("--max-restarts", type=click.IntRange(min=0), help="Restarts of a crashed launched server [3]."),
+        click.option(
+            "--concurrency",
+            type=POSITIVE,
+            help="Requests in flight [from the servers' max_running_requests].",
+        ),
+        click.option(
+            "--max-retries",
+            type=click.IntRange(min=0),
+            help="Retries of a transient failure per request [5].",
+        ),
+        click.option("--request-timeout-s", type=click.FloatRange(min=1), help="Per-request timeout [3600]."),
+        click.option(
+            "--stall-timeout-s",
+            type=click.FloatRange(min=1),
+            help="No progress this long → health check [600].",
+        ),
+        click.option("--checkpoint-records", type=POSITIVE, help="fsync after this many records [1000]."),
+        click.option("--checkpoint-interval-s", type=click.FloatRange(min=0.01), help="...or this many seconds [10]."),
+        click.option(
+            "--grace-period-s",
+            type=click.FloatRange(min=0),
+            help="On Ctrl-C, wait this long for requests in flight [30].",
+        ),
+        click.option(
+            "--skip-bad-lines",
+            is_flag=True,
+            default=None,
+            help="Set bad prompt rows aside in rejects.jsonl instead of stopping.",
+        ),
+        click.option(
+            "--retry-failed/--no-retry-failed",
+            default=None,
+            help="On resume, send rows in failures.jsonl again [retry].",
+        ),
+        click.option("--progress/--no-progress", default=None, help="Show a progress bar [on]."),
+        click.option("--preflight/--no-preflight", default=None, help="Send one short checked request first [on]."),
+        click.option(
+            "--trust-remote-code",
+            is_flag=True,
+            default=None,
+            help="Run code shipped with the tokenizer/model (Kimi needs it).",
+        ),
+        click.option("-v", "--verbose", is_flag=True, help="Log retries and server events."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def plan_options(func: F) -> F:
+    """Options that change the bytes (only ``run`` takes them; ``resume`` reads them from the manifest)."""
+    options = [
+        click.option("--prompts", type=EXISTING_FILE, required=True, help="Prompt rows, JSONL."),
+        click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (new or empty)."),
+        click.option(
+            "--model",
+            type=click.Path(path_type=Path),
+            help="Model to launch SGLang with; also the default tokenizer.",
+        ),
+        click.option("--tokenizer", type=click.Path(path_type=Path), help="Tokenizer directory [the model]."),
+        click.option(
+            "--config",
+            "config",
+            type=EXISTING_FILE,
+            help="A model preset (configs/*.toml); flags override it.",
+        ),
+        click.option("--chat-template-kwargs", help="JSON kwargs for the chat template, e.g. '{\"thinking\": true}'."),
+        click.option(
+            "--max-new-tokens",
+            type=POSITIVE,
+            help="Output cap per request [4096]; always sent (SGLang's default is 128).",
+        ),
+        click.option("--temperature", type=click.FloatRange(min=0), help="[generation_config.json, else 0 = greedy]"),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True)),
+        click.option("--top-k", type=int),
+        click.option("--min-p", type=click.FloatRange(0, 1)),
+        click.option(
+            "--sampling-params",
+            help="More SGLang sampling_params as JSON, e.g. '{\"repetition_penalty\": 1.05}'.",
+        ),
+        click.option("--samples-per-prompt", type=POSITIVE, help="Records per prompt (ids KEY#0, KEY#1, ...) [1]."),
+        click.option("--shard-size", type=POSITIVE, help="Records per shard [10000]."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def explicit(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """Only the options the user gave (so presets and the manifest can fill the rest)."""
+    given = {}
+    for name, value in values.items():
+        if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            given[name] = list(value) if isinstance(value, tuple) else value
+    return given
+
+
+def handle_errors(func: F) -> F:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except DatagenError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="eagle-datagen")
+def main() -> None:
+    """Token-exact EAGLE-3 drafter training data from a model served by SGLang.
+
+    Prompts are rendered on this machine with the model's own chat template, sent as token ids to
+    SGLang's native /generate, and stored as prompt_ids + output_ids exactly as returned.
+    """
+
+
+@main.command()
+@plan_options
+@generation_options
+@click.pass_context
+@handle_errors
+def run(ctx: click.Context, /, verbose: bool, **values: Any) -> None:
+    """Generate a dataset into a new output directory.
+
+    \b
+    Launch SGLang on this node (tp=8, no reasoning parser) and generate:
+      eagle-datagen run --prompts prompts.jsonl --model /models/Kimi-K2.5 \\
+          --config configs/kimi-k2.5.toml --trust-remote-code --out data/
+    Use servers that are already running:
+      eagle-datagen run --prompts prompts.jsonl --tokenizer /models/Qwen3-8B \\
+          --server-url http://node1:30000 --server-url http://node2:30000 --out data/
+    """
+    from eagle_datagen.app import run_command
+    from eagle_datagen.options import load_preset, merge
+
+    _setup_logging(verbose)
+    given = explicit(ctx, values)
+    preset = load_preset(values["config"]) if values.get("config") else {}
+    options = merge(preset, given, {"prompts": values["prompts"], "out": values["out"]})
+    outcome = run_command(options)
+    _finish(outcome)
+
+
+@main.command()
+@click.option(
+    "--out",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="The output directory of the run to continue.",
+)
+@click.option("--prompts", type=EXISTING_FILE, help="The prompts file, if it moved (its sha256 must match).")
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path),
+    help="The tokenizer, if it moved (its fingerprint must match).",
+)
+@click.option("--model", type=click.Path(path_type=Path), help="The model to launch, if it moved.")
+@generation_options
+@click.pass_context
+@handle_errors
+def resume(ctx: click.Context, /, out: Path, verbose: bool, **values: Any) -> None:
+    """Continue a stopped run: repair a torn tail and send only what is missing.
+
+    Refuses (naming the field) when the prompts file, tokenizer, chat-template kwargs or sampling
+    differ from the manifest; server and speed options may change freely.
+
+    \b
+      eagle-datagen resume --out data/
+      eagle-datagen resume --out data/ --server-url http://node3:30000
+    """
+    from eagle_datagen.app import resume_command
+
+    _setup_logging(verbose)
+    outcome = resume_command(out, explicit(ctx, values))
+    _finish(outcome)
+
+
+def _finish(outcome: Any) -> None:
+    click.echo(outcome.summary, err=True)
+    if outcome.interrupted:
+        click.echo(
+            f"stopped; what arrived is on disk. Continue with:\n  eagle-datagen resume --out {outcome.out_dir}",
+            err=True,
+        )
+    sys.exit(outcome.exit_code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

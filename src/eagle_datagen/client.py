@@ -1,0 +1,169 @@
+"""Talking to SGLang's native API: ``/generate`` with token ids, server facts, health.
+
+One ``httpx.AsyncClient`` serves every request, with explicit limits and long timeouts (httpx's
+defaults, 100 connections and 5 s, would silently cap throughput and kill long generations).
+Every response is checked (:mod:`eagle_datagen.checks`) before it may become data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from eagle_datagen.checks import response_problem
+from eagle_datagen.errors import RequestFailed, ServerError
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """The parts of a /generate response that become a record."""
+
+    output_ids: list[int]
+    finish_reason: dict[str, Any]
+    completion_tokens: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    latency_s: float
+
+
+def make_http_client(*, max_connections: int, request_timeout_s: float, api_key: str | None) -> httpx.AsyncClient:
+    """The single client for a run; the key travels only in the Authorization header."""
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    return httpx.AsyncClient(
+        headers=headers,
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        timeout=httpx.Timeout(request_timeout_s, connect=30.0, pool=None),
+        trust_env=False,
+    )
+
+
+def error_message(response: httpx.Response) -> str:
+    """SGLang's error text from any of its error body shapes."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, str):
+            return error
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    return str(body)[:500]
+
+
+async def generate(
+    http: httpx.AsyncClient,
+    base_url: str,
+    input_ids: Sequence[int],
+    sampling_params: dict[str, Any],
+    rid: str,
+    *,
+    stop_ids: Collection[int] | None = None,
+) -> GenerateResult:
+    """One checked /generate call; raises :class:`RequestFailed` or :class:`ServerError`."""
+    body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling_params, "rid": rid})
+    started = time.monotonic()
+    try:
+        response = await http.post(f"{base_url}/generate", content=body)
+    except httpx.TimeoutException as exc:
+        raise RequestFailed(
+            "timeout", f"no response from {base_url} in time ({type(exc).__name__})", retryable=True
+        ) from exc
+    except httpx.TransportError as exc:
+        raise RequestFailed("connection", f"{base_url}: {type(exc).__name__}: {exc}", retryable=True) from exc
+    status = response.status_code
+    if status in (401, 403):
+        raise ServerError(
+            f"{base_url} answered {status} ({error_message(response)}); pass the server's key with --api-key "
+            "or the EAGLE_DATAGEN_API_KEY environment variable"
+        )
+    if status != 200:
+        retryable = status >= 500 or status in (408, 429)
+        raise RequestFailed(f"http_{status}", error_message(response), retryable=retryable, status=status)
+    return parse_generate_response(response.content, input_ids, sampling_params, stop_ids, time.monotonic() - started)
+
+
+def parse_generate_response(
+    content: bytes,
+    input_ids: Sequence[int],
+    sampling_params: dict[str, Any],
+    stop_ids: Collection[int] | None,
+    latency_s: float,
+) -> GenerateResult:
+    """Validates a 200 body and applies the response checks."""
+    try:
+        payload = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise RequestFailed("bad_response", f"the response is not JSON ({exc})", retryable=True) from None
+    if not isinstance(payload, dict):
+        raise RequestFailed("bad_response", "the response is not a JSON object", retryable=True)
+    output_ids = payload.get("output_ids")
+    meta = payload.get("meta_info")
+    if not isinstance(output_ids, list) or not all(type(i) is int for i in output_ids):
+        raise RequestFailed("bad_response", "the response has no list of integer 'output_ids'", retryable=True)
+    if not isinstance(meta, dict):
+        raise RequestFailed("bad_response", "the response has no 'meta_info'", retryable=True)
+    finish_reason = meta.get("finish_reason")
+    completion_tokens = meta.get("completion_tokens")
+    problem = response_problem(
+        input_ids,
+        output_ids,
+        finish_reason,
+        completion_tokens,
+        max_new_tokens=sampling_params.get("max_new_tokens"),
+        stop_ids=stop_ids,
+    )
+    if problem is not None:
+        kind, message = problem
+        raise RequestFailed(f"check_{kind}", message, retryable=kind == "abort")
+    assert isinstance(finish_reason, dict) and isinstance(completion_tokens, int)
+    return GenerateResult(
+        output_ids=output_ids,
+        finish_reason=finish_reason,
+        completion_tokens=completion_tokens,
+        prompt_tokens=meta.get("prompt_tokens"),
+        cached_tokens=meta.get("cached_tokens"),
+        latency_s=latency_s,
+    )
+
+
+async def get_json(http: httpx.AsyncClient, base_url: str, *paths: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """GET the first of ``paths`` that answers 200 with a JSON object (new name, then deprecated alias)."""
+    last = "no path given"
+    for path in paths:
+        try:
+            response = await http.get(f"{base_url}{path}", timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            last = f"{path}: {type(exc).__name__}: {exc}"
+            continue
+        if response.status_code == 200:
+            try:
+                value = response.json()
+            except ValueError:
+                last = f"{path}: not JSON"
+                continue
+            if isinstance(value, dict):
+                return value
+        last = f"{path}: HTTP {response.status_code}"
+    raise ServerError(f"{base_url} did not answer {' or '.join(paths)} ({last})")
+
+
+async def is_healthy(
+    http: httpx.AsyncClient, base_url: str, *, timeout_s: float = 30.0, path: str = "/health_generate"
+) -> bool:
+    """True when ``path`` answers 200 (``/health_generate`` runs a one-token generation)."""
+    try:
+        response = await http.get(f"{base_url}{path}", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200

@@ -1,0 +1,196 @@
+"""Run options: defaults < preset (``--config``) < the manifest (on resume) < explicit flags.
+
+Options are a flat dict keyed by CLI parameter name, so a preset, the manifest and the command
+line all speak the same language. :func:`build_run_config` turns the merged dict into a
+:class:`RunConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from eagle_datagen.config import (
+    LaunchConfig,
+    RunConfig,
+    ServerConfig,
+    parse_json_object,
+    resolve_sampling,
+)
+from eagle_datagen.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+API_KEY_ENV = "EAGLE_DATAGEN_API_KEY"
+
+DEFAULTS: dict[str, Any] = {
+    "server_url": (),
+    "server_python": "python3",
+    "tp_size": 8,
+    "mem_fraction_static": 0.85,
+    "host": "127.0.0.1",
+    "port": None,
+    "server_arg": (),
+    "startup_timeout_s": 3600.0,
+    "allow_reasoning_parser": False,
+    "max_restarts": 3,
+    "trust_remote_code": False,
+    "chat_template_kwargs": None,
+    "max_new_tokens": None,
+    "temperature": None,
+    "top_p": None,
+    "top_k": None,
+    "min_p": None,
+    "sampling_params": None,
+    "samples_per_prompt": 1,
+    "shard_size": 10_000,
+    "concurrency": None,
+    "checkpoint_records": 1000,
+    "checkpoint_interval_s": 10.0,
+    "skip_bad_lines": False,
+    "max_retries": 5,
+    "request_timeout_s": 3600.0,
+    "stall_timeout_s": 600.0,
+    "retry_failed": True,
+    "grace_period_s": 30.0,
+    "progress": True,
+    "preflight": True,
+    "render_workers": 0,
+}
+#: Options that are never written to the manifest.
+SECRET = frozenset({"api_key"})
+#: Options that only make sense for one invocation.
+TRANSIENT = frozenset({"config", "out"})
+PRESET_SECTIONS = {
+    "server": {"tp_size", "mem_fraction_static", "trust_remote_code", "server_arg", "startup_timeout_s"},
+    "sampling": {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "sampling_params"},
+    "run": {"samples_per_prompt", "shard_size", "concurrency", "max_retries", "request_timeout_s"},
+}
+
+
+def load_preset(path: Path) -> dict[str, Any]:
+    """Options from a model preset TOML (``configs/*.toml``)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read the preset {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}") from exc
+    options: dict[str, Any] = {}
+    for section, allowed in PRESET_SECTIONS.items():
+        for key, value in data.get(section, {}).items():
+            if key not in allowed:
+                raise UsageError(
+                    f"{path}: [{section}] {key} is not a preset option; allowed: {', '.join(sorted(allowed))}"
+                )
+            options[key] = tuple(value) if key == "server_arg" else value
+    kwargs = data.get("chat_template_kwargs")
+    if kwargs:
+        options["chat_template_kwargs"] = dict(kwargs)
+    options["preset_tokens"] = dict(data.get("tokens", {}))
+    options["preset_name"] = data.get("name", path.stem)
+    return options
+
+
+def merge(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; ``None`` in a later layer does not erase an earlier value."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update({k: v for k, v in layer.items() if v is not None})
+    return merged
+
+
+def savable(options: dict[str, Any]) -> dict[str, Any]:
+    """The options worth recording for ``resume`` (no secrets, paths made absolute)."""
+    saved = {}
+    for key, value in options.items():
+        if key in SECRET or key in TRANSIENT:
+            continue
+        if isinstance(value, Path):
+            value = str(value.resolve())
+        elif isinstance(value, tuple):
+            value = list(value)
+        saved[key] = value
+    return saved
+
+
+def build_run_config(options: dict[str, Any]) -> RunConfig:
+    """Validates the merged options and builds the run's configuration."""
+    opts = {**DEFAULTS, **merge(options)}
+    prompts = _path(opts, "prompts")
+    out = _path(opts, "out")
+    model = Path(opts["model"]) if opts.get("model") else None
+    tokenizer = Path(opts["tokenizer"]) if opts.get("tokenizer") else model
+    if tokenizer is None:
+        raise UsageError("give --tokenizer (or --model, whose tokenizer is then used) to render prompts")
+    kwargs = opts.get("chat_template_kwargs") or {}
+    if isinstance(kwargs, str):
+        kwargs = parse_json_object(kwargs, "--chat-template-kwargs")
+    extra = opts.get("sampling_params") or {}
+    if isinstance(extra, str):
+        extra = parse_json_object(extra, "--sampling-params")
+    overrides = {k: opts.get(k) for k in ("temperature", "top_p", "top_k", "min_p")}
+    sampling = resolve_sampling(
+        model or tokenizer, max_new_tokens=opts.get("max_new_tokens"), overrides={**extra, **overrides}
+    )
+    api_key = opts.get("api_key") or os.environ.get(API_KEY_ENV) or None
+    urls = tuple(u.rstrip("/") for u in opts.get("server_url") or ())
+    launch = None
+    if not urls:
+        if model is None:
+            raise UsageError("give --model to launch an SGLang server, or --server-url to use running ones")
+        launch = LaunchConfig(
+            model=model,
+            server_python=opts["server_python"],
+            tp_size=opts["tp_size"],
+            mem_fraction_static=opts["mem_fraction_static"],
+            host=opts["host"],
+            port=opts["port"],
+            server_args=tuple(opts["server_arg"]),
+            trust_remote_code=opts["trust_remote_code"],
+            startup_timeout_s=opts["startup_timeout_s"],
+            allow_reasoning_parser=opts["allow_reasoning_parser"],
+            max_restarts=opts["max_restarts"],
+        )
+    server = ServerConfig(
+        urls=urls,
+        launch=launch,
+        api_key=api_key,
+        allow_reasoning_parser=opts["allow_reasoning_parser"],
+        preflight=opts["preflight"],
+    )
+    return RunConfig(
+        prompts=prompts,
+        out_dir=out,
+        tokenizer=tokenizer,
+        sampling=sampling,
+        server=server,
+        chat_template_kwargs=kwargs,
+        trust_remote_code=opts["trust_remote_code"],
+        samples_per_prompt=opts["samples_per_prompt"],
+        shard_size=opts["shard_size"],
+        concurrency=opts["concurrency"],
+        checkpoint_records=opts["checkpoint_records"],
+        checkpoint_interval_s=opts["checkpoint_interval_s"],
+        skip_bad_lines=opts["skip_bad_lines"],
+        max_retries=opts["max_retries"],
+        request_timeout_s=opts["request_timeout_s"],
+        stall_timeout_s=opts["stall_timeout_s"],
+        retry_failed=opts["retry_failed"],
+        grace_period_s=opts["grace_period_s"],
+        progress=opts["progress"],
+        render_workers=opts["render_workers"],
+        preset=opts.get("preset_name"),
+    )
+
+
+def _path(opts: dict[str, Any], name: str) -> Path:
+    value = opts.get(name)
+    if not value:
+        raise UsageError(f"--{name} is required")
+    return Path(value)

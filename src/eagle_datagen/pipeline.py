@@ -1,0 +1,473 @@
+"""The fan-out: prompts → rendered work items → /generate on the pool → shards.
+
+A producer thread reads and renders rows ahead of dispatch through a bounded queue, so memory stays
+flat whatever the file size and the first request leaves within seconds. ``concurrency`` worker
+coroutines each keep one request in flight. Transient failures are retried with backoff; requests
+cut off by a server going down are requeued without being charged. Nothing reaches a shard unless
+it passed the response checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from eagle_datagen.client import GenerateResult, generate, is_healthy
+from eagle_datagen.errors import BadInputError, PreflightFailed, RequestFailed
+from eagle_datagen.logs import JsonlLog
+from eagle_datagen.pool import Endpoint, ServerPool, backoff_s
+from eagle_datagen.prompts import PromptReader, PromptRow
+from eagle_datagen.shards import ShardStore
+
+log = logging.getLogger(__name__)
+
+BATCH = 64
+PREFLIGHT_MAX_NEW_TOKENS = 16
+_END = object()
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One request to make: a record id and its rendered prompt."""
+
+    record_id: str
+    key: str
+    sample: int
+    line: int
+    prompt_ids: list[int]
+    attempts: int = 0
+
+
+@dataclass
+class Stats:
+    """Counters for the progress bar and the summary."""
+
+    started: float = field(default_factory=time.monotonic)
+    records: int = 0
+    failures: int = 0
+    rejects: int = 0
+    already_done: int = 0
+    retries: int = 0
+    requeued: int = 0
+    output_tokens: int = 0
+    max_output: int = 0
+    finish: Counter[str] = field(default_factory=Counter)
+
+    def add(self, result: GenerateResult) -> None:
+        self.records += 1
+        self.output_tokens += len(result.output_ids)
+        self.max_output = max(self.max_output, len(result.output_ids))
+        self.finish[str(result.finish_reason.get("type"))] += 1
+
+
+@dataclass
+class Limits:
+    """Per-prompt limits learned from the servers and the model."""
+
+    max_input_len: int | None = None
+    model_vocab: int | None = None
+
+
+def record_ids(key: str, samples_per_prompt: int) -> list[tuple[str, int]]:
+    """Record ids of one prompt: its key, or ``key#i`` per sample when there are several."""
+    if samples_per_prompt == 1:
+        return [(key, 0)]
+    return [(f"{key}#{i}", i) for i in range(samples_per_prompt)]
+
+
+class Producer:
+    """Reads and renders rows in a thread; hands batches of work items to the event loop."""
+
+    def __init__(
+        self,
+        reader: PromptReader,
+        render: Callable[[PromptRow], list[int]],
+        *,
+        samples_per_prompt: int,
+        skip: Callable[[str], bool],
+        limits: Limits,
+        reject: Callable[[dict[str, Any]], None],
+        stats: Stats,
+    ) -> None:
+        self.reader = reader
+        self.render = render
+        self.samples_per_prompt = samples_per_prompt
+        self.skip = skip
+        self.limits = limits
+        self.reject = reject
+        self.stats = stats
+        self.queue: queue.Queue[object] = queue.Queue(maxsize=8)
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="eagle-datagen-producer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _put(self, value: object) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(value, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            batch: list[WorkItem] = []
+            for row in self.reader:
+                if self.stop.is_set():
+                    return
+                batch.extend(self._items(row))
+                if len(batch) >= BATCH:
+                    if not self._put(batch):
+                        return
+                    batch = []
+            if batch and not self._put(batch):
+                return
+            self._put(_END)
+        except BaseException as exc:  # handed to the loop, which stops the run cleanly
+            self._put(exc)
+
+    def _items(self, row: PromptRow) -> list[WorkItem]:
+        wanted = [(rid, s) for rid, s in record_ids(row.key, self.samples_per_prompt) if not self.skip(rid)]
+        self.stats.already_done += self.samples_per_prompt - len(wanted)
+        if not wanted:
+            return []
+        try:
+            prompt_ids = self.render(row)
+        except BadInputError as exc:
+            if self.reader.on_bad is None:
+                raise
+            self.stats.rejects += 1
+            self.reader.on_bad(exc)
+            return []
+        limit = self.limits.max_input_len
+        if limit is not None and len(prompt_ids) >= limit:
+            self._set_aside(
+                row,
+                "too_long",
+                f"the prompt has {len(prompt_ids)} tokens; the server accepts < {limit}",
+                prompt_tokens=len(prompt_ids),
+            )
+            return []
+        vocab = self.limits.model_vocab
+        if vocab is not None and prompt_ids and max(prompt_ids) >= vocab:
+            self._set_aside(
+                row, "out_of_vocab", f"the prompt has id {max(prompt_ids)} >= the model's vocab_size {vocab}"
+            )
+            return []
+        return [WorkItem(rid, row.key, s, row.line, prompt_ids) for rid, s in wanted]
+
+    def _set_aside(self, row: PromptRow, kind: str, message: str, **extra: Any) -> None:
+        self.stats.rejects += 1
+        self.reject({"line": row.line, "key": row.key, "kind": kind, "message": message, **extra})
+
+    def batches(self, timeout_s: float = 0.2) -> object:
+        """The next batch, ``_END``, an exception from the thread, or ``None`` on timeout."""
+        try:
+            return self.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+
+class Pipeline:
+    """Runs every work item to a record or a recorded failure, or stops cleanly when asked."""
+
+    def __init__(
+        self,
+        *,
+        producer: Producer,
+        pool: ServerPool,
+        http: httpx.AsyncClient,
+        store: ShardStore,
+        failures: JsonlLog,
+        sampling_params: dict[str, Any],
+        stop_ids: Iterable[int] | None,
+        concurrency: int,
+        max_retries: int,
+        checkpoint_records: int,
+        checkpoint_interval_s: float,
+        stall_timeout_s: float,
+        preflight: bool,
+        stats: Stats,
+        on_progress: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.producer = producer
+        self.pool = pool
+        self.http = http
+        self.store = store
+        self.failures = failures
+        self.sampling_params = sampling_params
+        self.stop_ids = frozenset(stop_ids) if stop_ids is not None else None
+        self.concurrency = concurrency
+        self.max_retries = max_retries
+        self.checkpoint_records = checkpoint_records
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.stall_timeout_s = stall_timeout_s
+        self.preflight = preflight
+        self.stats = stats
+        self.on_progress = on_progress
+        self.stopping = asyncio.Event()
+        self.work: asyncio.Queue[WorkItem | None] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(concurrency * 2)
+        self._outstanding = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._unsynced = 0
+        self._last_sync = time.monotonic()
+        self._session = secrets.token_hex(4)
+        self._counter = 0
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.fatal: BaseException | None = None
+
+    def request_stop(self) -> None:
+        """Stop sending; requests in flight may finish (the caller bounds how long)."""
+        self.stopping.set()
+        self.producer.stop.set()
+
+    async def run(self, grace_s: float) -> None:
+        """Runs to the end of the prompts, or until :meth:`request_stop` (then waits up to ``grace_s``
+        for requests in flight). Shards are durable when this returns or raises."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagle-datagen-feed")
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
+        monitor = asyncio.create_task(self._monitor())
+        try:
+            self.producer.start()
+            await self._feed(executor)
+            if self.stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wait_idle(), grace_s)
+            else:
+                await self._wait_idle()
+            self._raise_fatal()
+        finally:
+            self.request_stop()
+            for timer in self._timers:
+                timer.cancel()
+            for _ in workers:
+                self.work.put_nowait(None)
+            _, pending = await asyncio.wait(workers, timeout=0.05)
+            for task in (*pending, monitor):
+                task.cancel()
+            await asyncio.gather(*workers, monitor, return_exceptions=True)
+            executor.shutdown(wait=False, cancel_futures=True)
+            self.checkpoint()
+
+    def _raise_fatal(self) -> None:
+        fatal = self.fatal or self.pool.fatal
+        if fatal is not None:
+            raise fatal
+
+    async def _wait_idle(self) -> None:
+        while self._outstanding and self.fatal is None and self.pool.fatal is None:
+            self._idle.clear()
+            await self._idle.wait()
+
+    async def _feed(self, executor: ThreadPoolExecutor) -> None:
+        loop = asyncio.get_running_loop()
+        first = True
+        while not self.stopping.is_set():
+            batch = await loop.run_in_executor(executor, self.producer.batches)
+            if batch is None:
+                self._raise_fatal()
+                continue
+            if batch is _END:
+                return
+            if isinstance(batch, BaseException):
+                raise batch
+            assert isinstance(batch, list)
+            for item in batch:
+                if first and self.preflight:
+                    await self._preflight(item)
+                first = False
+                await self._slots.acquire()
+                if self.stopping.is_set():
+                    self._slots.release()
+                    return
+                self._outstanding += 1
+                self._idle.clear()
+                self.work.put_nowait(item)
+
+    async def _preflight(self, item: WorkItem) -> None:
+        """One short, fully checked request before any real one."""
+        params = {
+            **self.sampling_params,
+            "max_new_tokens": min(PREFLIGHT_MAX_NEW_TOKENS, self.sampling_params["max_new_tokens"]),
+        }
+        endpoint = await self.pool.acquire()
+        try:
+            await generate(self.http, endpoint.url, item.prompt_ids, params, self._rid(), stop_ids=self.stop_ids)
+        except RequestFailed as exc:
+            raise PreflightFailed(
+                f"preflight request to {endpoint.url} failed ({exc.kind}: {exc.message}); nothing was sent. "
+                "Check the server and the tokenizer, then run again"
+            ) from exc
+        finally:
+            self.pool.release(endpoint)
+
+    def _rid(self) -> str:
+        # Fixed width: SGLang aborts by rid prefix, so no rid may be a prefix of another.
+        self._counter += 1
+        return f"edg-{self._session}-{self._counter:012d}"
+
+    async def _worker(self) -> None:
+        while (item := await self.work.get()) is not None:
+            if self.stopping.is_set():
+                self._finish(item)  # not sent: resume sends it
+                continue
+            await self._process(item)
+
+    async def _process(self, item: WorkItem) -> None:
+        endpoint = await self.pool.acquire()
+        task = asyncio.create_task(
+            generate(
+                self.http,
+                endpoint.url,
+                item.prompt_ids,
+                self.sampling_params,
+                self._rid(),
+                stop_ids=self.stop_ids,
+            )
+        )
+        endpoint.tasks.add(task)
+        try:
+            await asyncio.wait({task})
+        finally:
+            endpoint.tasks.discard(task)
+            self.pool.release(endpoint)
+            if not task.done():
+                task.cancel()
+        if task.cancelled():
+            self._requeue(item, charged=False)
+            return
+        exc = task.exception()
+        if exc is None:
+            self.pool.succeeded(endpoint)
+            self._write(item, task.result())
+        elif isinstance(exc, RequestFailed):
+            self._failed(item, endpoint, exc)
+        else:
+            self._finish(item)
+            self._fail_run(exc)
+
+    def _fail_run(self, exc: BaseException) -> None:
+        """A fatal error in a worker (a refused key, a write error): stop and surface it."""
+        if self.fatal is None:
+            self.fatal = exc
+        self.request_stop()
+        self._idle.set()
+
+    def _failed(self, item: WorkItem, endpoint: Endpoint, exc: RequestFailed) -> None:
+        endpoint.last_progress = time.monotonic()
+        if not exc.retryable:
+            if exc.status is not None:  # the server answered: it is alive
+                self.pool.succeeded(endpoint)
+            self._record_failure(item, exc)
+            return
+        if self.pool.failed(endpoint):
+            self._requeue(item, charged=False)
+            return
+        item.attempts += 1
+        if item.attempts > self.max_retries:
+            self._record_failure(item, exc)
+            return
+        self.stats.retries += 1
+        self._requeue(item, charged=True, delay_s=backoff_s(item.attempts))
+
+    def _requeue(self, item: WorkItem, *, charged: bool, delay_s: float = 0.0) -> None:
+        if not charged:
+            self.stats.requeued += 1
+        if self.stopping.is_set():
+            self._finish(item)
+            return
+        if delay_s <= 0:
+            self.work.put_nowait(item)
+            return
+        loop = asyncio.get_running_loop()
+
+        def put() -> None:
+            self._timers.discard(timer)
+            self.work.put_nowait(item)
+
+        timer = loop.call_later(delay_s, put)
+        self._timers.add(timer)
+
+    def _record_failure(self, item: WorkItem, exc: RequestFailed) -> None:
+        self.stats.failures += 1
+        self.failures.append(
+            {
+                "id": item.record_id,
+                "key": item.key,
+                "sample": item.sample,
+                "line": item.line,
+                "kind": exc.kind,
+                "message": exc.message,
+                "status": exc.status,
+                "attempts": item.attempts + 1,
+            }
+        )
+        self._finish(item)
+
+    def _write(self, item: WorkItem, result: GenerateResult) -> None:
+        record = {
+            "id": item.record_id,
+            "key": item.key,
+            "sample": item.sample,
+            "prompt_ids": item.prompt_ids,
+            "output_ids": result.output_ids,
+            "finish_reason": result.finish_reason,
+            "completion_tokens": result.completion_tokens,
+        }
+        self.store.append(item.record_id, orjson.dumps(record) + b"\n")
+        self.stats.add(result)
+        self._unsynced += 1
+        if (
+            self._unsynced >= self.checkpoint_records
+            or time.monotonic() - self._last_sync >= self.checkpoint_interval_s
+        ):
+            self.checkpoint()
+        self._finish(item)
+
+    def _finish(self, item: WorkItem) -> None:
+        self._outstanding -= 1
+        self._slots.release()
+        if self._outstanding == 0:
+            self._idle.set()
+        self.on_progress()
+
+    def checkpoint(self) -> None:
+        """fsync the shard and the failure log."""
+        self.store.checkpoint()
+        self.failures.checkpoint()
+        self._unsynced = 0
+        self._last_sync = time.monotonic()
+
+    async def _monitor(self) -> None:
+        """Time-based checkpoints, and stall detection: no progress for ``stall_timeout_s`` → health check."""
+        while True:
+            await asyncio.sleep(min(5.0, self.checkpoint_interval_s))
+            if self.pool.fatal is not None:
+                self._fail_run(self.pool.fatal)
+            if self._unsynced and time.monotonic() - self._last_sync >= self.checkpoint_interval_s:
+                self.checkpoint()
+            now = time.monotonic()
+            for endpoint in self.pool.endpoints:
+                if endpoint.up and endpoint.in_flight and now - endpoint.last_progress > self.stall_timeout_s:
+                    if await is_healthy(self.http, endpoint.url):
+                        endpoint.last_progress = time.monotonic()
+                    else:
+                        self.pool.mark_down(endpoint, f"no progress for {self.stall_timeout_s:.0f} s and unhealthy")

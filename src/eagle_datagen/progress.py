@@ -1,0 +1,71 @@
+"""The live progress bar and the end-of-run summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle_datagen.pipeline import Stats
+from eagle_datagen.pool import ServerPool
+from eagle_datagen.prompts import ReadStats
+
+REFRESH_S = 0.5
+
+
+class Progress:
+    """A tqdm bar: prompts done/total, output tok/s, in flight, failures. Silent when disabled."""
+
+    def __init__(self, stats: Stats, pool: ServerPool, *, total: int, enabled: bool) -> None:
+        self.stats = stats
+        self.pool = pool
+        self._last = 0.0
+        self._shown = 0
+        self.bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total or None, unit="req", dynamic_ncols=True, file=sys.stderr, smoothing=0.05)
+
+    def update(self) -> None:
+        if self.bar is None:
+            return
+        now = time.monotonic()
+        if now - self._last < REFRESH_S:
+            return
+        self._last = now
+        done = self.stats.records + self.stats.failures
+        self.bar.update(done - self._shown)
+        self._shown = done
+        elapsed = max(now - self.stats.started, 1e-9)
+        self.bar.set_postfix(
+            {
+                "tok/s": f"{self.stats.output_tokens / elapsed:,.0f}",
+                "in_flight": self.pool.in_flight,
+                "failed": self.stats.failures,
+            },
+            refresh=False,
+        )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self._last = 0.0
+            self.update()
+            self.bar.close()
+
+
+def format_summary(stats: Stats, read: ReadStats, *, store_total: int, out_dir: Path, wall_s: float) -> str:
+    """What the run did, in a few lines."""
+    mean = stats.output_tokens / stats.records if stats.records else 0.0
+    finish = ", ".join(f"{k} {v}" for k, v in sorted(stats.finish.items())) or "none"
+    lines = [
+        f"records written: {stats.records} this pass, {store_total} in {out_dir / 'shards'}",
+        f"finish reasons: {finish}",
+        f"output tokens: {stats.output_tokens:,} (mean {mean:,.1f}, max {stats.max_output:,})",
+        f"failures: {stats.failures} (see failures.jsonl); retries: {stats.retries}; requeued after a server went down: {stats.requeued}",
+        f"prompt rows: {read.rows} read, {read.bad + stats.rejects} set aside (rejects.jsonl), "
+        f"{read.collapsed_duplicates} identical rows collapsed, {stats.already_done} records already done",
+        f"wall time: {wall_s:,.1f} s ({stats.output_tokens / max(wall_s, 1e-9):,.0f} output tok/s)",
+    ]
+    return "\n".join(lines)

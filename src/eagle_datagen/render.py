@@ -1,0 +1,194 @@
+"""Rendering: the model's own chat template turns a conversation into ``prompt_ids``.
+
+We call ``tokenizer.apply_chat_template(messages, tools=..., add_generation_prompt=True,
+tokenize=True, **kwargs)`` and never tokenize rendered text ourselves (that is how a second BOS or
+a split special token creeps in). transformers 4.x returns a list of ids, 5.x a mapping; both are
+accepted. transformers is imported lazily so ``eagle-datagen --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle_datagen.errors import BadInputError, UsageError
+from eagle_datagen.prompts import SKIP_FIX, Message, PromptRow
+
+#: Files whose bytes decide how a prompt renders; hashed into the tokenizer fingerprint.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "tiktoken.model",
+    "vocab.json",
+    "merges.txt",
+)
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+# SGLang's serving path keeps a list of content parts only for templates that loop over them
+# (``process_content_for_template_format``); otherwise the text parts are joined with a space.
+_CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+(?:message|msg|m)\s*(?:\.content|\[\s*['\"]content['\"]\s*\])")
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What verification and the manifest need to know about a tokenizer."""
+
+    path: str
+    fingerprint: str
+    chat_template_sha256: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    think_open_id: int | None
+    think_close_id: int | None
+
+
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
+    """Loads a transformers tokenizer and checks that it has a chat template."""
+    location = Path(path)
+    if not location.exists():
+        raise UsageError(
+            f"tokenizer path {str(path)!r} does not exist; pass --tokenizer or --model with a local directory"
+        )
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(location), trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc) and not trust_remote_code:
+            raise UsageError(
+                f"the tokenizer at {path} ships its own code; pass --trust-remote-code if you trust it "
+                "(it runs that code on this machine)"
+            ) from exc
+        raise UsageError(f"cannot load a tokenizer from {path}: {exc}") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot load a tokenizer from {path}: {exc}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(
+            f"the tokenizer at {path} has no chat template; use the model's own tokenizer directory "
+            "(with chat_template.jinja or a chat_template in tokenizer_config.json)"
+        )
+    return tokenizer
+
+
+def tokenizer_fingerprint(path: str | Path) -> str:
+    """sha256 over the files that decide rendering (and any tokenizer code shipped with them)."""
+    location = Path(path)
+    digest = hashlib.sha256()
+    names = sorted({*TOKENIZER_FILES, *(p.name for p in location.glob("tokenization_*.py"))})
+    for name in names:
+        file = location / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0")
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def tokenizer_facts(tokenizer: Any, path: str | Path) -> TokenizerFacts:
+    """Collects vocabulary size, stop ids and think ids from the tokenizer and the model files."""
+    template = (
+        tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
+    )
+    eos: set[int] = set(generation_eos_ids(path))
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return TokenizerFacts(
+        path=str(path),
+        fingerprint=tokenizer_fingerprint(path),
+        chat_template_sha256=hashlib.sha256(template.encode()).hexdigest(),
+        vocab_size=len(tokenizer),
+        eos_token_ids=tuple(sorted(eos)),
+        think_open_id=_single_token_id(tokenizer, THINK_OPEN),
+        think_close_id=_single_token_id(tokenizer, THINK_CLOSE),
+    )
+
+
+def read_json_file(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``, or ``{}`` when the file is absent or not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def generation_eos_ids(path: str | Path) -> list[int]:
+    """``eos_token_id`` from generation_config.json and config.json (SGLang stops on their union)."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        value = read_json_file(Path(path) / name).get("eos_token_id")
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, list):
+            ids.extend(v for v in value if isinstance(v, int))
+    return ids
+
+
+def model_vocab_size(path: str | Path) -> int | None:
+    """``vocab_size`` from the model's config.json, when there is one."""
+    config = read_json_file(Path(path) / "config.json")
+    value = config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
+    return value if isinstance(value, int) else None
+
+
+def _single_token_id(tokenizer: Any, token: str) -> int | None:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
+        return None
+    return token_id
+
+
+class Renderer:
+    """Renders prompt rows with one tokenizer and one set of chat-template kwargs."""
+
+    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+        self.keeps_content_parts = bool(_CONTENT_LOOP.search(template))
+
+    def render(self, row: PromptRow, path: str = "<prompts>") -> list[int]:
+        """``prompt_ids`` for ``row``; a template error becomes a :class:`BadInputError`."""
+        messages = [self._template_message(m) for m in row.messages]
+        try:
+            result = self.tokenizer.apply_chat_template(
+                messages,
+                tools=row.tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                **self.template_kwargs,
+            )
+        except Exception as exc:
+            raise BadInputError(path, row.line, "template_error", f"the chat template raised: {exc}", SKIP_FIX) from exc
+        return as_token_ids(result)
+
+    def _template_message(self, message: Message) -> Message:
+        content = message.get("content")
+        if isinstance(content, list) and not self.keeps_content_parts:
+            return {**message, "content": " ".join(part["text"] for part in content)}
+        return message
+
+
+def as_token_ids(result: Any) -> list[int]:
+    """Normalizes what ``apply_chat_template(tokenize=True)`` returns across transformers versions."""
+    if isinstance(result, Mapping) or hasattr(result, "keys"):
+        result = result["input_ids"]
+    if hasattr(result, "tolist"):
+        result = result.tolist()
+    if isinstance(result, Sequence) and result and isinstance(result[0], Sequence):
+        if len(result) != 1:
+            raise ValueError(f"expected one rendered conversation, got {len(result)}")
+        result = result[0]
+    return [int(token) for token in result]

@@ -1,0 +1,105 @@
+"""Shared fixtures: tiny tokenizers built offline, fake SGLang servers, prompt files."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytest_plugins = ["real_sglang"]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Kimi-K2.5-style tokenizer: the generation prompt ends with <think>."""
+    from eagle_datagen.testing.tiny import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok-kimi"), template="kimi")
+
+
+@pytest.fixture(scope="session")
+def chatml_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from eagle_datagen.testing.tiny import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok-chatml"), template="chatml")
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tiny_tokenizer: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_tokenizer))
+
+
+@pytest.fixture
+def fake_server(hf_tokenizer: Any) -> Iterator[Any]:
+    """A fake SGLang server whose vocabulary matches the tiny tokenizer."""
+    from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+
+    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, max_running_requests=32)
+    server = FakeSGLangServer(config).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def varied_rows(n: int) -> list[dict[str, Any]]:
+    """Rows of every accepted shape, with explicit and hashed keys."""
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            rows.append({"id": f"p{i}", "prompt": f"question number {i}: what is {i} plus {i}?"})
+        elif kind == 1:
+            rows.append(
+                {
+                    "id": i,
+                    "messages": [
+                        {"role": "system", "content": "You are terse."},
+                        {"role": "user", "content": f"tell me about {i}"},
+                        {"role": "assistant", "content": "old reply to drop"},
+                    ],
+                }
+            )
+        elif kind == 2:
+            rows.append(
+                {
+                    "conversations": [
+                        {"from": "human", "value": f"first turn {i}"},
+                        {"from": "gpt", "value": f"answer {i}"},
+                        {"from": "human", "value": f"second turn {i}"},
+                    ]
+                }
+            )
+        else:
+            rows.append(
+                {
+                    "id": f"t{i}",
+                    "messages": [{"role": "user", "content": [{"type": "text", "text": f"parts {i}"}]}],
+                    "tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}],
+                }
+            )
+    return rows
+
+
+def read_records(out_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted((out_dir / "shards").glob("shard_*.jsonl*")):
+        records += [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    return records

@@ -1,0 +1,126 @@
+"""Stand-in for ``python -m sglang.launch_server``: serves eagle_datagen's fake SGLang in the foreground.
+
+Accepts SGLang's launch flags (unknown ones are ignored), prints SGLang-like log lines, spawns one idle child
+process (SGLang runs a process tree), and serves the fake on ``--host``/``--port`` (loopback only).
+
+Env knobs:
+    FAKE_SGLANG_STARTUP_DELAY_S   /health and /ready answer 503 for this long after binding.
+    FAKE_SGLANG_FAIL_AT_STARTUP=1 print some log lines, then exit 1 before listening.
+    FAKE_SGLANG_CRASH_AFTER=N     after N /generate responses, os._exit(1), dropping requests in flight;
+                                  with FAKE_SGLANG_STATE_DIR set, only on the first run (a marker file there).
+    FAKE_SGLANG_STATE_DIR         directory for that marker.
+    FAKE_SGLANG_CONFIG_JSON       FakeConfig fields as a JSON object (launch flags win where both are given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eagle_datagen.testing.fake_sglang import FakeConfig, serve
+
+CRASH_MARKER = "fake-sglang-crashed-once"
+DEPRECATION = "'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint."
+_children: list[subprocess.Popen[bytes]] = []
+
+
+def log(msg: str) -> None:
+    """One SGLang-style log line on stdout."""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    ap.add_argument("--model-path", "--model", dest="model_path", required=True)
+    ap.add_argument("--tokenizer-path")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    ap.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    ap.add_argument("--mem-fraction-static", type=float)
+    ap.add_argument("--trust-remote-code", action="store_true")
+    ap.add_argument("--api-key")
+    ap.add_argument("--reasoning-parser")
+    ap.add_argument("--device")
+    ap.add_argument("--context-length", type=int)
+    ap.add_argument("--max-running-requests", type=int)
+    args, _unknown = ap.parse_known_args(argv)
+    return args
+
+
+def _crash_armed(state_dir: str | None) -> bool:
+    """True on the first run; later runs (marker present) do not crash again."""
+    if not state_dir:
+        return True
+    marker = Path(state_dir) / CRASH_MARKER
+    if marker.exists():
+        return False
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{os.getpid()}\n")
+    return True
+
+
+def build_config(args: argparse.Namespace, env: dict[str, str]) -> FakeConfig:
+    values: dict[str, Any] = json.loads(env.get("FAKE_SGLANG_CONFIG_JSON") or "{}")
+    values.update(model_path=args.model_path, tp_size=args.tp_size, dp_size=args.dp_size)
+    optional = {
+        "api_key": args.api_key,
+        "reasoning_parser": args.reasoning_parser,
+        "context_length": args.context_length,
+        "max_running_requests": args.max_running_requests,
+    }
+    values.update({k: v for k, v in optional.items() if v is not None})
+    if env.get("FAKE_SGLANG_STARTUP_DELAY_S"):
+        values["startup_delay_s"] = float(env["FAKE_SGLANG_STARTUP_DELAY_S"])
+    crash_after = env.get("FAKE_SGLANG_CRASH_AFTER")
+    if crash_after and _crash_armed(env.get("FAKE_SGLANG_STATE_DIR")):
+        values["crash_after"] = int(crash_after)
+    return FakeConfig(**values)
+
+
+def _spawn_child() -> None:
+    """Mimic SGLang's scheduler/detokenizer processes (same process group; never reaped by us)."""
+    _children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = dict(os.environ)
+    log(DEPRECATION)
+    log(
+        f"server_args=ServerArgs(model_path='{args.model_path}', host='{args.host}', port={args.port}, "
+        f"tp_size={args.tp_size}, dp_size={args.dp_size}, mem_fraction_static={args.mem_fraction_static}, "
+        f"reasoning_parser={args.reasoning_parser!r}, device={args.device!r})"
+    )
+    if env.get("FAKE_SGLANG_FAIL_AT_STARTUP") == "1":
+        log("Load weight begin. avail mem=0.00 GB")
+        log("Scheduler hit an exception: RuntimeError: fake startup failure (FAKE_SGLANG_FAIL_AT_STARTUP=1)")
+        print("RuntimeError: fake startup failure", file=sys.stderr, flush=True)
+        return 1
+    config = build_config(args, env)
+    _spawn_child()
+    log("Load weight begin. avail mem=100.00 GB")
+    log("Load weight end. type=FakeForCausalLM, dtype=torch.bfloat16, avail mem=90.00 GB")
+    log(f"KV Cache is allocated. #tokens: {config.max_total_num_tokens}")
+    draining = "received. Draining requests and shutting down..."
+    return serve(
+        config,
+        args.host,
+        args.port,
+        exit_on_crash=True,
+        on_listening=lambda port: log(f"Uvicorn running on http://{args.host}:{port} (Press CTRL+C to quit)"),
+        on_ready=lambda: log("The server is fired up and ready to roll!"),
+        on_signal=lambda sig: log(f"{signal.Signals(sig).name} {draining}"),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

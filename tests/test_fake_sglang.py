@@ -1,0 +1,332 @@
+"""Tests of the fake SGLang server (eagle_datagen.testing.fake_sglang) and the launch_server stand-in."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from eagle_datagen.testing.fake_sglang import (
+    ERROR_503,
+    FakeConfig,
+    FakeSGLangServer,
+    expected_output,
+    expected_result,
+    text_of,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "standin"
+PROMPT = [11, 12, 13, 14, 15]
+
+
+@pytest.fixture
+def server() -> Iterator[FakeSGLangServer]:
+    with FakeSGLangServer(FakeConfig()) as srv:
+        yield srv
+
+
+def _gen(url: str, body: dict[str, Any], **kw: Any) -> httpx.Response:
+    return httpx.post(f"{url}/generate", json=body, timeout=10, **kw)
+
+
+def test_response_shape_and_determinism(server: FakeSGLangServer) -> None:
+    sp = {"max_new_tokens": 512, "temperature": 0.7, "top_p": 0.95}
+    first = _gen(server.url, {"input_ids": PROMPT, "sampling_params": sp, "rid": "r1"}).json()
+    again = _gen(server.url, {"input_ids": PROMPT, "sampling_params": sp, "rid": "r2"}).json()
+    ids, finish = expected_result(server.config, PROMPT, sp)
+    assert first["output_ids"] == again["output_ids"] == ids == expected_output(server.config, PROMPT, sp)
+    assert set(first) == {"text", "output_ids", "meta_info"}
+    meta = first["meta_info"]
+    assert meta["id"] == "r1" and again["meta_info"]["id"] == "r2"
+    assert meta["finish_reason"] == finish
+    assert meta["prompt_tokens"] == len(PROMPT) and meta["completion_tokens"] == len(ids)
+    assert meta["cached_tokens"] == 0 and meta["weight_version"] == "default" and meta["e2e_latency"] >= 0
+    assert first["text"] == text_of(ids, finish)
+    assert all(3 <= i < 1000 for i in ids[:-1])
+    other = _gen(server.url, {"input_ids": PROMPT, "sampling_params": {**sp, "temperature": 0.5}}).json()
+    assert other["output_ids"] != ids
+
+
+def test_stop_token_kept_in_output_ids(server: FakeSGLangServer) -> None:
+    out = _gen(server.url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1000}}).json()
+    assert out["output_ids"][-1] == 2 and 2 not in out["output_ids"][:-1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}
+    assert out["meta_info"]["completion_tokens"] == len(out["output_ids"])
+    assert not out["text"].endswith(" 2")
+    stop = out["output_ids"][3]
+    sp = {"max_new_tokens": 1000, "stop_token_ids": [stop]}
+    hit = _gen(server.url, {"input_ids": PROMPT, "sampling_params": sp}).json()
+    assert hit["output_ids"][-1] == stop and len(hit["output_ids"]) <= 4
+    assert hit["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
+def test_length_finish_and_default_cap() -> None:
+    with FakeSGLangServer(FakeConfig(fixed_output_len=300)) as srv:
+        capped = _gen(srv.url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10}}).json()
+        assert len(capped["output_ids"]) == 10 and 2 not in capped["output_ids"]
+        assert capped["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
+        default = _gen(srv.url, {"input_ids": PROMPT, "max_new_tokens": 1000}).json()  # top-level: ignored
+        assert len(default["output_ids"]) == 128
+        assert default["meta_info"]["finish_reason"] == {"type": "length", "length": 128}
+        full = _gen(srv.url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 300}}).json()
+        assert len(full["output_ids"]) == 300 and full["output_ids"][-1] == 2
+        assert full["output_ids"][:10] == capped["output_ids"]
+        zero = _gen(srv.url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}}).json()
+        assert zero["output_ids"] == [] and zero["meta_info"]["finish_reason"]["type"] == "length"
+
+
+@pytest.mark.parametrize("key", ["seed", "max_tokens", "best_of"])
+def test_unknown_sampling_key_is_400_shape_a(server: FakeSGLangServer, key: str) -> None:
+    r = _gen(server.url, {"input_ids": PROMPT, "sampling_params": {key: 1}})
+    assert r.status_code == 400
+    assert r.json()["error"].startswith(f"unknown field `{key}`, expected one of `max_new_tokens`")
+
+
+@pytest.mark.parametrize("key", ["max_new_tokens", "top_k", "min_new_tokens", "sampling_seed", "n"])
+def test_float_for_int_is_400(server: FakeSGLangServer, key: str) -> None:
+    r = _gen(server.url, {"input_ids": PROMPT, "sampling_params": {key: 3.0}})
+    assert r.status_code == 400 and isinstance(r.json()["error"], str)
+    ok = _gen(server.url, {"input_ids": PROMPT, "sampling_params": {"temperature": 1, "top_p": 1}})
+    assert ok.status_code == 200
+
+
+def test_value_and_length_errors_are_400_shape_b() -> None:
+    cfg = FakeConfig(max_req_input_len=50, context_length=100)
+    with FakeSGLangServer(cfg) as srv:
+        cases = {
+            "Input length (50 tokens) exceeds the maximum allowed length (50 tokens)": ([5] * 50, 10),
+            "Requested token count exceeds": ([5] * 40, 61),
+            "input_ids cannot be empty.": ([], 10),
+        }
+        for msg, (ids, mnt) in cases.items():
+            r = _gen(srv.url, {"input_ids": ids, "sampling_params": {"max_new_tokens": mnt}})
+            assert r.status_code == 400 and msg in r.json()["error"]["message"]
+        assert _gen(srv.url, {"input_ids": [5] * 49, "sampling_params": {"max_new_tokens": 51}}).status_code == 200
+        r = _gen(srv.url, {"input_ids": PROMPT, "sampling_params": {"top_p": 0}})
+        assert r.json() == {"error": {"message": "top_p must be in (0, 1], got 0.0."}}
+        assert _gen(srv.url, {"sampling_params": {}}).status_code == 400
+        assert httpx.post(f"{srv.url}/generate", content=b"{nope").json()["type"] == "Bad Request"
+
+
+def test_auth() -> None:
+    with FakeSGLangServer(FakeConfig(api_key="sekret")) as srv:
+        assert _gen(srv.url, {"input_ids": PROMPT}).status_code == 401
+        bad = _gen(srv.url, {"input_ids": PROMPT}, headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json() == {"error": "Unauthorized"}
+        assert _gen(srv.url, {"input_ids": PROMPT}, headers={"Authorization": "bearer sekret"}).status_code == 200
+        assert _gen(srv.url, {"input_ids": PROMPT}, headers={"x-api-key": "sekret"}).status_code == 401
+        for path in ("/health", "/health_generate", "/ready", "/server_info", "/model_info"):
+            assert httpx.get(srv.url + path).status_code == 200
+
+
+def test_503_rate_roughly_honoured() -> None:
+    with FakeSGLangServer(FakeConfig(error_503_rate=0.3, seed=7)) as srv, httpx.Client(base_url=srv.url) as c:
+        codes = [c.post("/generate", json={"input_ids": PROMPT}).status_code for _ in range(300)]
+        n503 = codes.count(503)
+        assert 60 <= n503 <= 120 and codes.count(200) == 300 - n503
+        assert srv.stats()["faults_503"] == n503
+
+
+def test_503_body_shape() -> None:
+    with FakeSGLangServer(FakeConfig(error_503_rate=1.0)) as srv:
+        r = _gen(srv.url, {"input_ids": PROMPT})
+        assert r.status_code == 503 and r.json() == ERROR_503
+
+
+def test_drop_is_a_connection_error() -> None:
+    with FakeSGLangServer(FakeConfig(drop_rate=1.0)) as srv:
+        with pytest.raises(httpx.TransportError):
+            _gen(srv.url, {"input_ids": PROMPT})
+        srv.update_config(drop_rate=0.0)
+        assert _gen(srv.url, {"input_ids": PROMPT}).status_code == 200
+        assert srv.stats()["dropped"] == 1
+
+
+def test_capacity_limit_respected() -> None:
+    cfg = FakeConfig(capacity=3, latency_s=0.05, fixed_output_len=10, time_per_token_s=0.001)
+    with FakeSGLangServer(cfg) as srv, concurrent.futures.ThreadPoolExecutor(12) as pool:
+        bodies = [{"input_ids": [*PROMPT, i], "rid": f"c{i}"} for i in range(12)]
+        codes = list(pool.map(lambda b: _gen(srv.url, b).status_code, bodies))
+        stats = srv.stats()
+    assert codes == [200] * 12
+    assert stats["max_busy"] == 3 and stats["max_in_flight"] > 3 and stats["max_waiting"] > 0
+    assert 12 * 0.06 * 0.95 <= stats["busy_slot_seconds"] < 12 * 0.06 * 2
+    assert 0.5 < stats["utilisation"] <= 1.0
+    assert max(b for _, b in stats["timeline"]) == 3
+
+
+def test_duplicate_in_flight_rid() -> None:
+    with FakeSGLangServer(FakeConfig(latency_s=0.3)) as srv, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_gen, srv.url, {"input_ids": PROMPT, "rid": "dup"})
+        time.sleep(0.1)
+        second = _gen(srv.url, {"input_ids": PROMPT, "rid": "dup"})
+        assert second.json() == {"error": {"message": "Duplicate request ID detected: dup"}}
+        assert first.result().status_code == 200
+
+
+def test_go_down_and_come_up_on_same_port(server: FakeSGLangServer) -> None:
+    port = server.port
+    with httpx.Client(base_url=server.url) as client:
+        assert client.post("/generate", json={"input_ids": PROMPT}).status_code == 200
+        server.go_down()
+        with pytest.raises(httpx.ConnectError):
+            client.get("/health")
+        server.come_up()
+        assert server.port == port
+        assert client.post("/generate", json={"input_ids": PROMPT}).status_code == 200
+        server.restart_after(0.2)
+        with pytest.raises(httpx.ConnectError):
+            client.get("/health")
+        time.sleep(0.4)
+        assert client.get("/health").status_code == 200
+
+
+def test_out_of_vocab_input_crashes_server(server: FakeSGLangServer) -> None:
+    with pytest.raises(httpx.TransportError):
+        _gen(server.url, {"input_ids": [5, 1000]})
+    stats = server.stats()
+    assert stats["crashed"] and not stats["up"] and stats["crashes"] == 1
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/health")
+
+
+def test_batch_input_order(server: FakeSGLangServer) -> None:
+    prompts = [[5, 6], [7, 8, 9], [10]]
+    sps = [{"max_new_tokens": 3}, {"max_new_tokens": 500}, {"max_new_tokens": 7}]
+    out = _gen(server.url, {"input_ids": prompts, "sampling_params": sps, "rid": ["a", "b", "c"]}).json()
+    assert [o["meta_info"]["id"] for o in out] == ["a", "b", "c"]
+    assert [o["output_ids"] for o in out] == [
+        expected_output(server.config, p, s) for p, s in zip(prompts, sps, strict=True)
+    ]
+    same = _gen(server.url, {"input_ids": prompts, "sampling_params": {"max_new_tokens": 9}, "rid": "x"}).json()
+    assert [o["meta_info"]["id"] for o in same] == ["x_0", "x_1", "x_2"]
+
+
+def test_corruption_knobs(server: FakeSGLangServer) -> None:
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1000}}
+    ids = expected_output(server.config, PROMPT, body["sampling_params"])
+    server.update_config(leak_prompt_tail=1.0)
+    leaked = _gen(server.url, body).json()
+    assert leaked["output_ids"] == PROMPT[-5:] + ids and leaked["meta_info"]["completion_tokens"] == len(ids)
+    server.update_config(leak_prompt_tail=0.0, drop_stop_token=1.0)
+    dropped = _gen(server.url, body).json()
+    assert dropped["output_ids"] == ids[:-1] and dropped["meta_info"]["finish_reason"]["type"] == "stop"
+    server.update_config(drop_stop_token=0.0, wrong_completion_tokens=1.0)
+    assert _gen(server.url, body).json()["meta_info"]["completion_tokens"] == len(ids) + 1
+    server.update_config(wrong_completion_tokens=0.0, abort_rate=1.0)
+    aborted = _gen(server.url, body)
+    assert aborted.status_code == 200 and aborted.json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def test_stall_and_info_endpoints() -> None:
+    cfg = FakeConfig(stall_after=1, stall_s=0.4, reasoning_parser="qwen3", model_path="m/p")
+    with FakeSGLangServer(cfg) as srv, httpx.Client(base_url=srv.url) as c:
+        info = c.get("/get_server_info").json()
+        assert info["version"] == "0.5.23" and info["reasoning_parser"] == "qwen3"
+        assert info["max_req_input_len"] == 4096 and info["internal_states"][0]["tp_size"] == 1
+        assert c.get("/get_model_info").json()["model_path"] == "m/p"
+        assert c.post("/generate", json={"input_ids": PROMPT}).status_code == 200
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            stalled = pool.submit(c.post, "/generate", json={"input_ids": PROMPT})
+            time.sleep(0.1)
+            assert httpx.get(srv.url + "/health_generate").status_code == 503
+            assert stalled.result().status_code == 200
+        assert time.monotonic() - t0 >= 0.35
+        assert c.get("/health").status_code == 200
+        chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+        assert chat["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text().strip()
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError(f"{path} not written")
+
+
+def test_subprocess_mode_port_file_and_sigterm(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    cmd = [sys.executable, "-m", "eagle_datagen.testing.fake_sglang", "--port", "0", "--port-file", str(port_file),
+           "--config-json", '{"fixed_output_len": 5}', "--eos-id", "7", "--api-key", "none"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        port = int(_wait_for_file(port_file, proc))
+        out = _gen(f"http://127.0.0.1:{port}", {"input_ids": PROMPT}).json()
+        assert len(out["output_ids"]) == 5 and out["output_ids"][-1] == 7
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch_standin(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", "org/m", "--port", str(port),
+           "--reasoning-parser", "qwen3", "--mem-fraction-static", "0.8", "--some-unknown-flag", "x"]  # fmt: skip
+    full_env = {**os.environ, "PYTHONPATH": str(STANDIN), **env}
+    return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, start_new_session=True)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert proc.poll() is None
+        try:
+            if httpx.get(url + "/ready").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("stand-in never became ready")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> bytes:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()[0]
+
+
+def test_launch_server_standin_crashes_once(tmp_path: Path) -> None:
+    env = {"FAKE_SGLANG_CRASH_AFTER": "2", "FAKE_SGLANG_STATE_DIR": str(tmp_path)}
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _launch_standin(port, env)
+    try:
+        _wait_ready(url, proc)
+        assert httpx.get(url + "/server_info").json()["reasoning_parser"] == "qwen3"
+        assert [_gen(url, {"input_ids": PROMPT}).status_code for _ in range(2)] == [200, 200]
+        assert proc.wait(5) == 1
+    finally:
+        log = _kill_group(proc)
+    assert b"The server is fired up and ready to roll!" in log
+    proc = _launch_standin(port, env)
+    try:
+        _wait_ready(url, proc)
+        assert [_gen(url, {"input_ids": PROMPT}).status_code for _ in range(3)] == [200] * 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(5) == 0
+    finally:
+        _kill_group(proc)
