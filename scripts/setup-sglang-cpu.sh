@@ -26,7 +26,7 @@ venv_imports_sglang() {
 }
 
 is_up_to_date() {
-    [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$(wanted_hash)" ]] && venv_imports_sglang
+    [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$(wanted_hash)" ]] && venv_imports_sglang 2>/dev/null
 }
 
 ensure_venv() {

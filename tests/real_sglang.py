@@ -86,11 +86,14 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def _server_cmd(model_dir: Path, port: int, extra_args: Sequence[str]) -> list[str]:
-    """Command line of `sglang.launch_server` for a tiny model on CPU."""
+    """Command line of `sglang.launch_server` for a tiny model on CPU.
+
+    `--sleep-on-idle`: the idle scheduler otherwise spins a whole core (zmq poll wakes it on a request).
+    """
     return [
         str(SGLANG_PYTHON), "-m", "sglang.launch_server", "--model-path", str(model_dir),
         "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-        "--max-total-tokens", "8192", "--dtype", "float32", *extra_args,
+        "--max-total-tokens", "8192", "--dtype", "float32", "--sleep-on-idle", *extra_args,
     ]  # fmt: skip
 
 
@@ -116,10 +119,8 @@ def _stop(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -
     """SIGTERM the process group, wait, then SIGKILL whatever is left of it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()

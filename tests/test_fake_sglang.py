@@ -31,6 +31,15 @@ STANDIN = REPO / "tests" / "standin"
 PROMPT = [11, 12, 13, 14, 15]
 
 
+_HTTP = httpx.Client(timeout=10)  # one client: httpx.get/post would build a new SSL context per call
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_http() -> Iterator[None]:
+    yield
+    _HTTP.close()
+
+
 @pytest.fixture
 def server() -> Iterator[FakeSGLangServer]:
     with FakeSGLangServer(FakeConfig()) as srv:
@@ -38,7 +47,7 @@ def server() -> Iterator[FakeSGLangServer]:
 
 
 def _gen(url: str, body: dict[str, Any], **kw: Any) -> httpx.Response:
-    return httpx.post(f"{url}/generate", json=body, timeout=10, **kw)
+    return _HTTP.post(f"{url}/generate", json=body, **kw)
 
 
 def test_response_shape_and_determinism(server: FakeSGLangServer) -> None:
@@ -117,7 +126,7 @@ def test_value_and_length_errors_are_400_shape_b() -> None:
         r = _gen(srv.url, {"input_ids": PROMPT, "sampling_params": {"top_p": 0}})
         assert r.json() == {"error": {"message": "top_p must be in (0, 1], got 0.0."}}
         assert _gen(srv.url, {"sampling_params": {}}).status_code == 400
-        assert httpx.post(f"{srv.url}/generate", content=b"{nope").json()["type"] == "Bad Request"
+        assert _HTTP.post(f"{srv.url}/generate", content=b"{nope").json()["type"] == "Bad Request"
 
 
 def test_auth() -> None:
@@ -128,7 +137,7 @@ def test_auth() -> None:
         assert _gen(srv.url, {"input_ids": PROMPT}, headers={"Authorization": "bearer sekret"}).status_code == 200
         assert _gen(srv.url, {"input_ids": PROMPT}, headers={"x-api-key": "sekret"}).status_code == 401
         for path in ("/health", "/health_generate", "/ready", "/server_info", "/model_info"):
-            assert httpx.get(srv.url + path).status_code == 200
+            assert _HTTP.get(srv.url + path).status_code == 200
 
 
 def test_503_rate_roughly_honoured() -> None:
@@ -168,7 +177,7 @@ def test_capacity_limit_respected() -> None:
 
 
 def test_duplicate_in_flight_rid() -> None:
-    with FakeSGLangServer(FakeConfig(latency_s=0.3)) as srv, concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with FakeSGLangServer(FakeConfig(latency_s=0.2)) as srv, concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(_gen, srv.url, {"input_ids": PROMPT, "rid": "dup"})
         time.sleep(0.1)
         second = _gen(srv.url, {"input_ids": PROMPT, "rid": "dup"})
@@ -186,10 +195,10 @@ def test_go_down_and_come_up_on_same_port(server: FakeSGLangServer) -> None:
         server.come_up()
         assert server.port == port
         assert client.post("/generate", json={"input_ids": PROMPT}).status_code == 200
-        server.restart_after(0.2)
+        server.restart_after(0.15)
         with pytest.raises(httpx.ConnectError):
             client.get("/health")
-        time.sleep(0.4)
+        time.sleep(0.3)
         assert client.get("/health").status_code == 200
 
 
@@ -199,7 +208,7 @@ def test_out_of_vocab_input_crashes_server(server: FakeSGLangServer) -> None:
     stats = server.stats()
     assert stats["crashed"] and not stats["up"] and stats["crashes"] == 1
     with pytest.raises(httpx.ConnectError):
-        httpx.get(server.url + "/health")
+        _HTTP.get(server.url + "/health")
 
 
 def test_batch_input_order(server: FakeSGLangServer) -> None:
@@ -231,7 +240,7 @@ def test_corruption_knobs(server: FakeSGLangServer) -> None:
 
 
 def test_stall_and_info_endpoints() -> None:
-    cfg = FakeConfig(stall_after=1, stall_s=0.4, reasoning_parser="qwen3", model_path="m/p")
+    cfg = FakeConfig(stall_after=1, stall_s=0.25, reasoning_parser="qwen3", model_path="m/p")
     with FakeSGLangServer(cfg) as srv, httpx.Client(base_url=srv.url) as c:
         info = c.get("/get_server_info").json()
         assert info["version"] == "0.5.23" and info["reasoning_parser"] == "qwen3"
@@ -242,9 +251,9 @@ def test_stall_and_info_endpoints() -> None:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             stalled = pool.submit(c.post, "/generate", json={"input_ids": PROMPT})
             time.sleep(0.1)
-            assert httpx.get(srv.url + "/health_generate").status_code == 503
+            assert _HTTP.get(srv.url + "/health_generate").status_code == 503
             assert stalled.result().status_code == 200
-        assert time.monotonic() - t0 >= 0.35
+        assert time.monotonic() - t0 >= 0.2
         assert c.get("/health").status_code == 200
         chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
         assert chat["choices"][0]["finish_reason"] in ("stop", "length")
@@ -295,7 +304,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None
         try:
-            if httpx.get(url + "/ready").status_code == 200:
+            if _HTTP.get(url + "/ready").status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -316,7 +325,7 @@ def test_launch_server_standin_crashes_once(tmp_path: Path) -> None:
     proc = _launch_standin(port, env)
     try:
         _wait_ready(url, proc)
-        assert httpx.get(url + "/server_info").json()["reasoning_parser"] == "qwen3"
+        assert _HTTP.get(url + "/server_info").json()["reasoning_parser"] == "qwen3"
         assert [_gen(url, {"input_ids": PROMPT}).status_code for _ in range(2)] == [200, 200]
         assert proc.wait(5) == 1
     finally:

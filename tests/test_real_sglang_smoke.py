@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 from jinja2.exceptions import TemplateError
-from real_sglang import SGLangServer, hf_greedy
 from transformers import AutoTokenizer
 
 from eagle_datagen.testing.tiny import KIMI_IDS, KIMI_VOCAB_SIZE, build_tiny_tokenizer, script_ids
+from real_sglang import SGLangServer, build_model_in_venv, hf_greedy
 
 CONVERSATIONS: list[list[dict[str, Any]]] = [
     [{"role": "user", "content": "What is 2+2?"}],
@@ -68,12 +68,32 @@ def test_tiny_tokenizer_with_kimi_ids(tmp_path: Path) -> None:
 
 
 @pytest.mark.sglang
-def test_real_sglang_generate_matches_transformers_greedy(sglang_server: SGLangServer, tiny_kimi_model: Path) -> None:
+@pytest.mark.usefixtures("sglang_venv_python")
+def test_scripted_model_follows_its_script_in_transformers(tmp_path: Path) -> None:
+    model_dir = build_model_in_venv(
+        tmp_path / "m", "--template", "chatml", "--weights", "scripted", "--dtype", "bfloat16"
+    )
+    chain = script_ids(model_dir)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    prompts = [render(tok, CONVERSATIONS[1]), render(tok, CONVERSATIONS[1], thinking=False)]
+    assert hf_greedy(model_dir, prompts, 40) == [chain[1:], chain[chain.index(prompts[1][-1]) + 1 :]]
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(tiny_kimi_model: Path) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, transformers greedy ids); computed before the server starts (2 cores)."""
     tok = AutoTokenizer.from_pretrained(str(tiny_kimi_model))
     prompts = [render(tok, m) for m in CONVERSATIONS] + [render(tok, CONVERSATIONS[0], thinking=False)]
-    expected = hf_greedy(tiny_kimi_model, prompts, MAX_NEW_TOKENS)
+    return list(zip(prompts, hf_greedy(tiny_kimi_model, prompts, MAX_NEW_TOKENS), strict=True))
+
+
+@pytest.mark.sglang
+def test_real_sglang_generate_matches_transformers_greedy(
+    greedy_reference: list[tuple[list[int], list[int]]], sglang_server: SGLangServer, tiny_kimi_model: Path
+) -> None:
+    eos_id = AutoTokenizer.from_pretrained(str(tiny_kimi_model)).eos_token_id
     with httpx.Client(base_url=sglang_server.url, timeout=60) as client:
-        for ids, want in zip(prompts, expected, strict=True):
+        for ids, want in greedy_reference:
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}}
             response = client.post("/generate", json=body)
             assert response.status_code == 200, response.text
@@ -82,6 +102,6 @@ def test_real_sglang_generate_matches_transformers_greedy(sglang_server: SGLangS
             assert result["meta_info"]["prompt_tokens"] == len(ids)
             assert result["output_ids"] == want
             if finish["type"] == "stop":
-                assert result["output_ids"][-1] == tok.eos_token_id
+                assert result["output_ids"][-1] == eos_id
             else:
                 assert finish == {"type": "length", "length": MAX_NEW_TOKENS}

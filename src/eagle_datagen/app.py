@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from eagle_datagen import __version__
-from eagle_datagen.client import make_http_client
+from eagle_datagen.client import auth_headers, make_http_client
 from eagle_datagen.config import RunConfig
 from eagle_datagen.errors import BadInputError, DatagenError, ServerError, UsageError
 from eagle_datagen.launcher import ManagedServer, redact
@@ -42,6 +42,7 @@ from eagle_datagen.server import (
     wait_until_healthy,
 )
 from eagle_datagen.shards import ShardStore
+from eagle_datagen.transport import Transport
 
 log = logging.getLogger("eagle_datagen")
 
@@ -175,7 +176,8 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
     reader = PromptReader(config.prompts, on_bad=on_bad if config.skip_bad_lines else None)
     interrupted = False
     try:
-        async with _servers(config, out) as (http, pool, server_facts, managed):
+        async with _servers(config, out) as servers:
+            http, pool, server_facts, managed = servers.http, servers.pool, servers.facts, servers.managed
             manifest.server.update(
                 {"facts": [f.to_json() for f in server_facts], "sglang_version": server_facts[0].version}
             )
@@ -191,7 +193,7 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 max_input_len=_min([f.max_req_input_len for f in server_facts]),
                 model_vocab=manifest.facts["model_vocab_size"],
             )
-            concurrency = config.concurrency or default_concurrency([f.max_running_requests for f in server_facts])
+            concurrency = servers.concurrency
             echo(
                 f"  servers: {', '.join(f.url for f in server_facts)}; SGLang {server_facts[0].version}; "
                 f"concurrency {concurrency}"
@@ -212,6 +214,8 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 producer=producer,
                 pool=pool,
                 http=http,
+                transport=servers.transport,
+                request_timeout_s=config.request_timeout_s,
                 store=store,
                 failures=failures,
                 sampling_params=config.sampling.to_request(),
@@ -264,41 +268,58 @@ def _min(values: list[int | None]) -> int | None:
     return min(known) if known else None
 
 
+@dataclass
+class Servers:
+    """What :func:`_servers` yields: the pool, the facts behind it, and the client sized for it."""
+
+    http: httpx.AsyncClient
+    pool: ServerPool
+    facts: list[ServerFacts]
+    managed: ManagedServer | None
+    concurrency: int
+    transport: Transport
+
+
 @contextlib.asynccontextmanager
-async def _servers(
-    config: RunConfig, out: Path
-) -> AsyncIterator[tuple[httpx.AsyncClient, ServerPool, list[ServerFacts], ManagedServer | None]]:
+async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
     """Launches or attaches, reads and checks server facts, and yields a pool. Always cleans up."""
-    max_connections = (config.concurrency or 0) + 1024
-    http = make_http_client(
-        max_connections=max_connections,
-        request_timeout_s=config.request_timeout_s,
-        api_key=config.server.api_key,
-    )
+    setup = make_http_client(max_connections=8, request_timeout_s=60.0, api_key=config.server.api_key)
+    http: httpx.AsyncClient | None = None
     managed: ManagedServer | None = None
     pool: ServerPool | None = None
+    transport = Transport(auth_headers(config.server.api_key))
     try:
         if config.server.launch is not None:
             managed = ManagedServer(config.server.launch, out / "server.log", api_key=config.server.api_key)
             echo(f"  starting SGLang: {' '.join(redact(managed.command))} (log: {managed.log_path})")
-            await managed.start(http)
+            await managed.start(setup)
             urls = [managed.url]
         else:
             urls = list(config.server.urls)
         server_facts = []
         for url in urls:
-            facts = await read_server_facts(http, url)
+            facts = await read_server_facts(setup, url)
             check_server_facts(facts, allow_reasoning_parser=config.server.allow_reasoning_parser)
             server_facts.append(facts)
+        concurrency = config.concurrency or default_concurrency([f.max_running_requests for f in server_facts])
+        # httpcore scans its whole pool on every request: size it to what is in flight, not larger.
+        http = make_http_client(
+            max_connections=concurrency + 8 * len(urls),
+            request_timeout_s=config.request_timeout_s,
+            api_key=config.server.api_key,
+        )
         endpoints = [Endpoint(f.url, f.max_running_requests, f.max_req_input_len) for f in server_facts]
         pool = ServerPool(endpoints, _recover_fn(http, managed))
-        yield http, pool, server_facts, managed
+        yield Servers(http, pool, server_facts, managed, concurrency, transport)
     finally:
         if pool is not None:
             await pool.close()
+        transport.close()
         if managed is not None:
             managed.stop()
-        await http.aclose()
+        if http is not None:
+            await http.aclose()
+        await setup.aclose()
 
 
 def _recover_fn(http: httpx.AsyncClient, managed: ManagedServer | None) -> Callable[[Endpoint], Any]:

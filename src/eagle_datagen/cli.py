@@ -239,6 +239,47 @@ def resume(ctx: click.Context, /, out: Path, verbose: bool, **values: Any) -> No
     _finish(outcome)
 
 
+@main.command("verify-shard")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--prompts", type=EXISTING_FILE, help="Re-render each record's prompt from this file [the manifest's].")
+@click.option("--tokenizer", type=click.Path(path_type=Path), help="Tokenizer for re-rendering [the manifest's].")
+@click.option("--trust-remote-code", is_flag=True, help="Run code shipped with the tokenizer (Kimi needs it).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report for machines.")
+@click.option(
+    "--max-errors", type=click.IntRange(min=1), default=20, show_default=True, help="Examples kept per error kind."
+)
+@handle_errors
+def verify_shard(
+    paths: tuple[Path, ...],
+    prompts: Path | None,
+    tokenizer: Path | None,
+    trust_remote_code: bool,
+    as_json: bool,
+    max_errors: int,
+) -> None:
+    """Prove that shards are exact: token-level checks on every record.
+
+    PATHS are shard files or a run directory (then all its shards, with its manifest).
+    Exit code 0 only when there are no errors.
+
+    \b
+      eagle-datagen verify-shard data/
+      eagle-datagen verify-shard data/shards/shard_00003.jsonl --json
+    """
+    from eagle_datagen.verify import verify_command
+
+    sys.exit(
+        verify_command(
+            list(paths),
+            prompts=prompts,
+            tokenizer=tokenizer,
+            trust_remote_code=trust_remote_code,
+            as_json=as_json,
+            max_errors=max_errors,
+        )
+    )
+
+
 def _finish(outcome: Any) -> None:
     click.echo(outcome.summary, err=True)
     if outcome.interrupted:

@@ -1,12 +1,13 @@
 """Talking to SGLang's native API: ``/generate`` with token ids, server facts, health.
 
-One ``httpx.AsyncClient`` serves every request, with explicit limits and long timeouts (httpx's
-defaults, 100 connections and 5 s, would silently cap throughput and kill long generations).
+``/generate`` goes through :mod:`eagle_datagen.transport` (keep-alive connections, no per-request
+pool scan); the other endpoints use one ``httpx.AsyncClient`` with explicit limits and timeouts.
 Every response is checked (:mod:`eagle_datagen.checks`) before it may become data.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import orjson
 
 from eagle_datagen.checks import response_problem
 from eagle_datagen.errors import RequestFailed, ServerError
+from eagle_datagen.transport import Transport, TransportError
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +33,14 @@ class GenerateResult:
     latency_s: float
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The key travels only in the Authorization header, never in logs or the manifest."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def make_http_client(*, max_connections: int, request_timeout_s: float, api_key: str | None) -> httpx.AsyncClient:
-    """The single client for a run; the key travels only in the Authorization header."""
-    headers = {"content-type": "application/json"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
+    """The client for health and info endpoints."""
+    headers = {"content-type": "application/json", **auth_headers(api_key)}
     return httpx.AsyncClient(
         headers=headers,
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
@@ -44,53 +49,52 @@ def make_http_client(*, max_connections: int, request_timeout_s: float, api_key:
     )
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(body: bytes) -> str:
     """SGLang's error text from any of its error body shapes."""
     try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    if isinstance(body, dict):
-        error = body.get("error")
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:500].decode("utf-8", "replace")
+    if isinstance(payload, dict):
+        error = payload.get("error")
         if isinstance(error, str):
             return error
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])
-        if isinstance(body.get("message"), str):
-            return str(body["message"])
-    return str(body)[:500]
+        if isinstance(payload.get("message"), str):
+            return str(payload["message"])
+    return str(payload)[:500]
 
 
 async def generate(
-    http: httpx.AsyncClient,
+    transport: Transport,
     base_url: str,
     input_ids: Sequence[int],
     sampling_params: dict[str, Any],
     rid: str,
     *,
+    timeout_s: float,
     stop_ids: Collection[int] | None = None,
 ) -> GenerateResult:
     """One checked /generate call; raises :class:`RequestFailed` or :class:`ServerError`."""
     body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling_params, "rid": rid})
     started = time.monotonic()
     try:
-        response = await http.post(f"{base_url}/generate", content=body)
-    except httpx.TimeoutException as exc:
-        raise RequestFailed(
-            "timeout", f"no response from {base_url} in time ({type(exc).__name__})", retryable=True
-        ) from exc
-    except httpx.TransportError as exc:
-        raise RequestFailed("connection", f"{base_url}: {type(exc).__name__}: {exc}", retryable=True) from exc
-    status = response.status_code
+        response = await transport.post(base_url, "/generate", body, timeout_s)
+    except asyncio.TimeoutError as exc:
+        raise RequestFailed("timeout", f"no response from {base_url} in {timeout_s:.0f} s", retryable=True) from exc
+    except TransportError as exc:
+        raise RequestFailed("connection", str(exc), retryable=True) from exc
+    status = response.status
     if status in (401, 403):
         raise ServerError(
-            f"{base_url} answered {status} ({error_message(response)}); pass the server's key with --api-key "
+            f"{base_url} answered {status} ({error_message(response.body)}); pass the server's key with --api-key "
             "or the EAGLE_DATAGEN_API_KEY environment variable"
         )
     if status != 200:
         retryable = status >= 500 or status in (408, 429)
-        raise RequestFailed(f"http_{status}", error_message(response), retryable=retryable, status=status)
-    return parse_generate_response(response.content, input_ids, sampling_params, stop_ids, time.monotonic() - started)
+        raise RequestFailed(f"http_{status}", error_message(response.body), retryable=retryable, status=status)
+    return parse_generate_response(response.body, input_ids, sampling_params, stop_ids, time.monotonic() - started)
 
 
 def parse_generate_response(

@@ -1,9 +1,18 @@
 """One object owns a managed SGLang server's life.
 
-It starts ``PYTHON -m sglang.launch_server ...`` (an argument list, never a shell string) in its
-own process group with output to ``DIR/server.log``, polls readiness while checking the process is
-alive, and on every exit path sends the group SIGTERM, waits, then SIGKILL. ``restart`` brings a
-crashed server back on the same port.
+:class:`ManagedServer` starts ``PYTHON -m sglang.launch_server ...`` (an argument list, never a shell
+string) in its own process group with stdout and stderr in ``DIR/server.log``, polls
+``/health_generate`` while checking that the process is still alive, restarts a crashed server on
+the same port (bounded attempts, backoff), and stops it: SIGTERM to the group, a wait, SIGKILL.
+
+Every exit path ends in that stop:
+
+- normal end, errors, exceptions in our code, Ctrl-C and SIGTERM (the app turns both into a clean
+  stop): the caller's ``finally`` / ``with`` calls :meth:`ManagedServer.stop`;
+- paths no ``finally`` sees (our process killed by SIGKILL, or by a signal that arrives before or
+  after the app's handlers are installed): a *reaper*, a tiny process in its own session that holds
+  one end of a pipe. When the pipe closes without the "stopped cleanly" byte, it sends the group
+  SIGTERM, waits, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -15,10 +24,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import httpx
 
@@ -30,28 +41,121 @@ from eagle_datagen.pool import backoff_s
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+#: How long SGLang may take to drain and exit after SIGTERM before the group gets SIGKILL.
 STOP_WAIT_S = 20.0
+#: How long the group's last processes may take to die after SIGKILL.
+KILL_WAIT_S = 5.0
+READY_POLL_S = 0.5
+READY_NOTE_EVERY_S = 60.0
+#: A server that stayed up this long gets a fresh restart budget when it crashes.
+STABLE_UPTIME_S = 600.0
+#: Flags this launcher sets itself (from its own options); SGLang would take the last occurrence.
+OWN_FLAGS = {
+    "--model-path": "--model",
+    "--model": "--model",
+    "--port": "--port",
+    "--host": "--host",
+    "--api-key": "--api-key (or EAGLE_DATAGEN_API_KEY)",
+    "--tp-size": "--tp-size",
+    "--tp": "--tp-size",
+    "--tensor-parallel-size": "--tp-size",
+    "--mem-fraction-static": "--mem-fraction-static",
+    "--trust-remote-code": "--trust-remote-code",
+}
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+REASONING_PARSER = "--reasoning-parser"
+
+#: Run as ``python -I -c REAPER_CODE READ_FD PGID WAIT_S``, in its own session.
+REAPER_CODE = """\
+# eagle-datagen reaper: stops an SGLang process group whose owner died without stopping it.
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+fd, pgid, wait_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+if os.read(fd, 1):
+    sys.exit(0)
+def alive():
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in names:
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+print("eagle-datagen reaper: the owner is gone; SIGTERM to process group %d" % pgid, flush=True)
+try:
+    os.killpg(pgid, signal.SIGTERM)
+except ProcessLookupError:
+    sys.exit(0)
+deadline = time.monotonic() + wait_s
+while alive() and time.monotonic() < deadline:
+    time.sleep(0.2)
+if alive():
+    print("eagle-datagen reaper: SIGKILL to process group %d" % pgid, flush=True)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (bind-probe)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
+def port_is_free(host: str, port: int) -> bool:
+    """False when something listens on ``host:port`` (TIME_WAIT leftovers do not count)."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def check_server_args(args: tuple[str, ...], *, allow_reasoning_parser: bool) -> None:
-    """Refuses a ``--reasoning-parser`` and flags that this launcher sets itself."""
+    """Refuses a ``--reasoning-parser``, flags this launcher sets itself, and ``"--flag value"`` in one argument."""
     for arg in args:
         name = arg.split("=", 1)[0]
-        if name == "--reasoning-parser" and not allow_reasoning_parser:
+        if not name.startswith("--"):
+            continue
+        if any(c.isspace() for c in name):
+            raise UsageError(
+                f"--server-arg {arg!r} holds a flag and its value in one argument (no shell splits it); write "
+                f"--server-arg={name.split()[0]}=VALUE, or repeat --server-arg for the value"
+            )
+        # argparse (SGLang's parser) accepts unambiguous prefixes, so "--reasoning" is the parser too.
+        if len(name) > 4 and REASONING_PARSER.startswith(name) and not allow_reasoning_parser:
             raise UsageError(
                 "--server-arg --reasoning-parser is refused: the parser rewrites outputs for the OpenAI endpoints, "
                 "and the <think> belongs to the prompt; this pipeline needs raw ids. Pass --allow-reasoning-parser "
                 "to launch with it anyway"
             )
-        if name in {"--model-path", "--model", "--port", "--host", "--api-key"}:
-            raise UsageError(f"--server-arg {name} is set by eagle-datagen itself; use its own flag instead")
+        own = OWN_FLAGS.get(name) or next(
+            (o for f, o in OWN_FLAGS.items() if len(name) > 3 and f.startswith(name)), None
+        )
+        if own is not None:
+            raise UsageError(f"--server-arg {name} is set by eagle-datagen itself; use its own option {own} instead")
 
 
 def launch_command(config: LaunchConfig, port: int, api_key: str | None) -> list[str]:
@@ -79,12 +183,29 @@ def launch_command(config: LaunchConfig, port: int, api_key: str | None) -> list
 
 
 def redact(command: list[str]) -> list[str]:
-    """The command with the API key hidden, for logs and the manifest."""
+    """The command with API keys hidden, for logs and the manifest."""
     out = list(command)
-    for i, arg in enumerate(out[:-1]):
-        if arg == "--api-key":
-            out[i + 1] = "***"
+    for i, arg in enumerate(out):
+        name, eq, _ = arg.partition("=")
+        if name in SECRET_FLAGS and eq:
+            out[i] = f"{name}=***"
+        elif i > 0 and out[i - 1] in SECRET_FLAGS:
+            out[i] = "***"
     return out
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code 1``, or ``killed by SIGKILL`` for a negative Popen return code."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory?)" if code == -signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"
 
 
 class ManagedServer:
@@ -105,23 +226,46 @@ class ManagedServer:
         self.env = env
         self.port = config.port or free_port(config.host)
         self.process: subprocess.Popen[bytes] | None = None
+        #: Restarts over the server's life, and attempts since it last stayed up for a while.
         self.restarts = 0
+        self.attempts = 0
         self.started_at = 0.0
+        self.ready_at: float | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._reaper_fd: int | None = None
+        if config.host not in {"127.0.0.1", "localhost", "::1"} and not api_key:
+            log.warning(
+                "the SGLang server will listen on %s without an API key: anyone who can reach this machine can use "
+                "it; pass --api-key (or EAGLE_DATAGEN_API_KEY)",
+                config.host,
+            )
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.config.host in {"0.0.0.0", "::"} else self.config.host
-        return f"http://{host}:{self.port}"
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.config.host, self.config.host)
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
     def command(self) -> list[str]:
         return launch_command(self.config, self.port, self.api_key)
 
+    @property
+    def pgid(self) -> int | None:
+        """The process group of the running server (its leader's pid)."""
+        return self.process.pid if self.process is not None else None
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def spawn(self) -> None:
-        """Starts the process group; output is appended to the log file."""
+        """Starts the process group (output appended to the log) and arms the reaper."""
+        if self.process is not None:
+            self.stop()
+        if not port_is_free(self.config.host, self.port):
+            raise ServerError(
+                f"port {self.port} on {self.config.host} is already in use (another SGLang server?); stop it, give "
+                "a free --port, or leave --port out to get one"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log_file:
             log_file.write(f"\n=== eagle-datagen: starting {' '.join(redact(self.command))}\n".encode())
@@ -140,69 +284,159 @@ class ManagedServer:
                     f"cannot start {self.config.server_python!r} ({exc.strerror}); point --server-python at the "
                     "Python of the environment where SGLang is installed"
                 ) from exc
+            self._arm_reaper(self.process.pid, log_file)
+        self._note(f"process group {self.process.pid}")
         self.started_at = time.monotonic()
+        self.ready_at = None
+
+    def _arm_reaper(self, pgid: int, log_file: BinaryIO) -> None:
+        """Starts the reaper that stops ``pgid`` if this process dies without calling :meth:`stop`."""
+        if not sys.executable:
+            log.warning("no Python executable known: the SGLang server is not guarded against our own sudden death")
+            return
+        read_fd, write_fd = os.pipe()
+        try:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-I", "-c", REAPER_CODE, str(read_fd), str(pgid), str(STOP_WAIT_S)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                pass_fds=(read_fd,),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(write_fd)
+            log.warning("could not start the reaper (%s): the server is not guarded against our sudden death", exc)
+            return
+        finally:
+            os.close(read_fd)
+        self._reaper_fd = write_fd
+
+    def _disarm_reaper(self) -> None:
+        fd, self._reaper_fd = self._reaper_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"x")
+            os.close(fd)
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            try:
+                reaper.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                reaper.kill()
+                reaper.wait()
 
     async def wait_ready(self, http: httpx.AsyncClient) -> None:
-        """Polls readiness until the start-up timeout, failing at once if the process exits."""
+        """Polls ``/health_generate`` until the start-up timeout, failing at once if the process exits."""
         deadline = self.started_at + self.config.startup_timeout_s
+        next_note = self.started_at + READY_NOTE_EVERY_S
         while True:
             if not self.alive():
                 code = self.process.returncode if self.process else None
                 raise ServerError(
-                    f"the SGLang server exited during start-up (exit code {code}). Last lines of {self.log_path}:\n"
-                    + self.log_tail()
+                    f"the SGLang server exited during start-up ({describe_exit(code)}). "
+                    f"Last {LOG_TAIL_LINES} lines of {self.log_path}:\n{self.log_tail()}{self._hint()}"
                 )
-            if await is_healthy(http, self.url, timeout_s=10.0, path="/health_generate"):
+            remaining = deadline - time.monotonic()
+            healthy = await is_healthy(
+                http, self.url, timeout_s=max(1.0, min(10.0, remaining)), path="/health_generate"
+            )
+            # Checked again: a 200 must come from our process, not from a stranger on the same port.
+            if healthy and self.alive():
                 return
-            if time.monotonic() > deadline:
-                self.stop()
+            now = time.monotonic()
+            if now > deadline:
                 raise ServerError(
                     f"the SGLang server was not ready after {self.config.startup_timeout_s:.0f} s "
-                    f"(--startup-timeout-s). Last lines of {self.log_path}:\n" + self.log_tail()
+                    f"(--startup-timeout-s). Last {LOG_TAIL_LINES} lines of {self.log_path}:\n{self.log_tail()}"
                 )
-            await asyncio.sleep(1.0)
+            if now >= next_note:
+                log.info("waiting for SGLang to load (%.0f s so far; log: %s)", now - self.started_at, self.log_path)
+                next_note += READY_NOTE_EVERY_S
+            await asyncio.sleep(READY_POLL_S)
+
+    def _hint(self) -> str:
+        tail = self.log_tail()
+        if "No module named sglang" in tail or "No module named 'sglang'" in tail:
+            return (
+                f"\nSGLang is not installed for {self.config.server_python}: point --server-python at the Python "
+                "of the environment where it is"
+            )
+        return ""
 
     async def start(self, http: httpx.AsyncClient) -> None:
-        self.spawn()
+        """Spawns the server and waits until it is ready; stops it on any failure (or Ctrl-C)."""
         try:
+            self.spawn()
             await self.wait_ready(http)
         except BaseException:
             self.stop()
             raise
+        self.ready_at = time.monotonic()
 
     async def restart(self, http: httpx.AsyncClient) -> bool:
-        """Stops whatever is left and starts again, with bounded attempts and backoff."""
-        while self.restarts < self.config.max_restarts:
+        """Stops whatever is left and starts again on the same port, with bounded attempts and backoff."""
+        if self.ready_at is not None and time.monotonic() - self.ready_at >= STABLE_UPTIME_S:
+            self.attempts = 0
+        code = self.process.poll() if self.process is not None else None
+        why = "was unresponsive" if code is None else f"ended ({describe_exit(code)})"
+        while self.attempts < self.config.max_restarts:
+            self.attempts += 1
             self.restarts += 1
             self.stop()
-            log.warning("restarting the SGLang server (attempt %d of %d)", self.restarts, self.config.max_restarts)
-            await asyncio.sleep(backoff_s(self.restarts, base_s=2.0, cap_s=60.0))
+            self._note(f"restart {self.attempts} of {self.config.max_restarts}: the server {why}")
+            log.warning(
+                "restarting the SGLang server (attempt %d of %d; log: %s)",
+                self.attempts,
+                self.config.max_restarts,
+                self.log_path,
+            )
+            await asyncio.sleep(backoff_s(self.attempts, base_s=2.0, cap_s=60.0))
             try:
                 await self.start(http)
                 return True
             except ServerError as exc:
                 log.error("restart failed: %s", exc)
+                why = "failed to start again"
         raise ServerError(
-            f"the SGLang server crashed and {self.config.max_restarts} restarts failed; see {self.log_path}. "
-            "Fix the cause, then continue with `eagle-datagen resume`"
+            f"the SGLang server went down and {self.config.max_restarts} restart(s) in a row failed (--max-restarts); "
+            f"see {self.log_path}. Fix the cause, then continue with `eagle-datagen resume`"
         )
 
     def stop(self) -> None:
-        """SIGTERM to the process group, a wait, then SIGKILL. Safe to call twice."""
+        """SIGTERM to the process group, a wait, then SIGKILL. Safe to call twice.
+
+        Interrupted (a second Ctrl-C), it still sends SIGKILL; if it never gets that far, the
+        reaper finishes the job when this process exits.
+        """
         process = self.process
         if process is None:
             return
         pgid = process.pid
+        if process.poll() is None:
+            self._note(f"stopping: SIGTERM to process group {pgid}")
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             process.wait(timeout=STOP_WAIT_S)
-        # SGLang's children may outlive the leader; the group goes either way.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        except subprocess.TimeoutExpired:
+            self._note(f"no exit after {STOP_WAIT_S:.0f} s: SIGKILL to process group {pgid}")
+        finally:
+            # SGLang's children may outlive the leader; the whole group goes either way.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
+            process.wait(timeout=KILL_WAIT_S)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._disarm_reaper()
         self.process = None
+
+    def _note(self, message: str) -> None:
+        """One line of ours in the server log."""
+        with contextlib.suppress(OSError), self.log_path.open("ab") as handle:
+            handle.write(f"=== eagle-datagen: {message}\n".encode())
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
@@ -219,3 +453,27 @@ class ManagedServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs (zombies, which only wait to be reaped, do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no /proc: trust kill(0)
+        return True
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False

@@ -31,6 +31,7 @@ from eagle_datagen.logs import JsonlLog
 from eagle_datagen.pool import Endpoint, ServerPool, backoff_s
 from eagle_datagen.prompts import PromptReader, PromptRow
 from eagle_datagen.shards import ShardStore
+from eagle_datagen.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,8 @@ class Pipeline:
         producer: Producer,
         pool: ServerPool,
         http: httpx.AsyncClient,
+        transport: Transport,
+        request_timeout_s: float,
         store: ShardStore,
         failures: JsonlLog,
         sampling_params: dict[str, Any],
@@ -209,6 +212,8 @@ class Pipeline:
         self.producer = producer
         self.pool = pool
         self.http = http
+        self.transport = transport
+        self.request_timeout_s = request_timeout_s
         self.store = store
         self.failures = failures
         self.sampling_params = sampling_params
@@ -310,7 +315,10 @@ class Pipeline:
         }
         endpoint = await self.pool.acquire()
         try:
-            await generate(self.http, endpoint.url, item.prompt_ids, params, self._rid(), stop_ids=self.stop_ids)
+            await generate(
+                self.transport, endpoint.url, item.prompt_ids, params, self._rid(),
+                timeout_s=self.request_timeout_s, stop_ids=self.stop_ids,
+            )  # fmt: skip
         except RequestFailed as exc:
             raise PreflightFailed(
                 f"preflight request to {endpoint.url} failed ({exc.kind}: {exc.message}); nothing was sent. "
@@ -335,11 +343,12 @@ class Pipeline:
         endpoint = await self.pool.acquire()
         task = asyncio.create_task(
             generate(
-                self.http,
+                self.transport,
                 endpoint.url,
                 item.prompt_ids,
                 self.sampling_params,
                 self._rid(),
+                timeout_s=self.request_timeout_s,
                 stop_ids=self.stop_ids,
             )
         )

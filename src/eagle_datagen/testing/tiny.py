@@ -6,6 +6,7 @@ lazily). The saved tokenizer loads with transformers 4.x and 5.x through `AutoTo
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Mapping
@@ -50,7 +51,7 @@ KIMI_IDS: dict[str, int] = {
 BPE_VOCAB_SIZE = 512
 
 # The scripted model answers `<think>` with these pieces (repeated tokens are dropped), then EOS.
-SCRIPT_TEXT = ("Let me think step by step", END_THINK, "The answer is 42.")
+SCRIPT_TEXT = ("Let me think about the question", END_THINK, "The answer is 42.")
 
 _THINKING_SWITCH = (
     "{%- set ns = namespace(think=true) -%}"
@@ -201,6 +202,12 @@ def _corpus(seed: int = 0, lines: int = 2000) -> list[str]:
     return out
 
 
+def _merge_pair(merge: str | list[str]) -> tuple[str, str]:
+    """A BPE merge as a pair (tokenizers writes "a b" or ["a", "b"] depending on the version)."""
+    a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+    return a, b
+
+
 def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Train a byte-level BPE (no special tokens); return its vocab and merges."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -215,8 +222,8 @@ def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     model = json.loads(tok.to_str())["model"]
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return dict(model["vocab"]), merges  # type: ignore[arg-type]
+    merges = [_merge_pair(m) for m in model["merges"]]
+    return {str(k): int(v) for k, v in model["vocab"].items()}, merges
 
 
 def _full_vocab(bpe_vocab: dict[str, int], specials: tuple[str, ...], kimi_ids: bool) -> dict[str, int]:
@@ -243,7 +250,7 @@ def _make_fast_tokenizer(template: Template, kimi_ids: bool) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token=IM_END,
         additional_special_tokens=[s for s in specials if s != IM_END],
@@ -284,7 +291,7 @@ def _vocab_size(tokenizer_dir: Path) -> int:
     """Number of ids (max id + 1) in a saved tokenizer.json."""
     data = json.loads((tokenizer_dir / "tokenizer.json").read_text())
     ids = [*data["model"]["vocab"].values(), *(t["id"] for t in data["added_tokens"])]
-    return max(ids) + 1
+    return int(max(ids)) + 1
 
 
 def _token_ids(tokenizer_dir: Path) -> dict[str, int]:
@@ -348,7 +355,7 @@ def _script_weights(model: Any, chain: list[int], margin: float = 64.0) -> None:
         head = model.get_output_embeddings().weight
         head.zero_()
         head[eos, other] = scale
-        for dim, (tid, nxt) in enumerate(zip(chain[:-1], chain[1:], strict=True)):
+        for dim, (tid, nxt) in enumerate(itertools.pairwise(chain)):
             embed[tid, other] = 0.0
             embed[tid, dim] = 1.0
             head[nxt, dim] = scale
@@ -386,7 +393,13 @@ def build_tiny_model(
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(out_dir), safe_serialization=True)
     _write_generation_config(out_dir, eos_id, generation_defaults)
-    meta = {"template": template, "kimi_ids": kimi_ids, "weights": weights, "dtype": dtype, "seed": seed}
+    meta: dict[str, Any] = {
+        "template": template,
+        "kimi_ids": kimi_ids,
+        "weights": weights,
+        "dtype": dtype,
+        "seed": seed,
+    }
     if weights == "scripted":
         meta["script_ids"] = script_ids(out_dir)
     (out_dir / "tiny_model.json").write_text(json.dumps(meta, indent=2) + "\n")

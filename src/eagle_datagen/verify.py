@@ -1,0 +1,892 @@
+"""``verify-shard``: prove, record by record, that finished shards are exact.
+
+The shards are streamed once. Per record it re-proves what the client checked before writing
+(:mod:`eagle_datagen.checks`) and what only the whole data set shows: ids unique across shards, ids
+inside the vocabulary, the thinking structure, the stored prompt against a fresh render of its source
+row, and each shard against the count and sha256 the manifest recorded at finalize. A run directory
+brings its manifest (plan and tokenizer facts); bare shard files are checked against ``--tokenizer``
+when given, and the report lists what could not be checked.
+
+Every finding has a short, stable ``kind``:
+
+errors    parse, torn_line, schema, id_mismatch, duplicate_id, out_of_vocab, empty_output,
+          completion_tokens, prompt_tail_leak, stop_token, length, abort, nan_finish, finish_reason,
+          think_structure, prompt_mismatch, prompt_row_missing, render_error,
+          shard_count, shard_checksum, shard_missing
+warnings  think_unclosed, think_shape_split, torn_line (live partial shard), shard_unrecorded,
+          prompts_changed, tokenizer_changed
+
+Speed (docs/verify.md): orjson per line, the vocabulary bound with ``max()``, and the id-type and
+think-token scans on the line's own compact bytes (``bytes.translate``/``count``), so no Python
+loop ever runs over the ids of a well-formed record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from eagle_datagen.checks import Problem, completion_tokens_problem, finish_problem, prompt_tail_leak_problem
+from eagle_datagen.errors import BadInputError, UsageError
+from eagle_datagen.manifest import MANIFEST_NAME, Manifest
+from eagle_datagen.prompts import PromptRow, parse_row
+from eagle_datagen.shards import SHARD_RE, ShardInfo, record_id
+
+SHARDS_DIR = "shards"
+RENDER_BATCH = 256
+RENDER_CACHE = 4096
+#: A prompt "ends with" think-open when it is among its last 2 ids (Qwen3-Thinking and R1 add a newline),
+#: and thinking is off when think-close is among its last 4 (Qwen3 writes ``<think>\n\n</think>\n\n``).
+OPEN_TAIL = 2
+CLOSED_TAIL = 4
+HUMAN_WARNING_EXAMPLES = 3
+
+Severity = Literal["error", "warning"]
+ShardState = Literal["finalized", "partial", "in_progress"]
+PromptShape = Literal["open", "closed", "plain"]
+
+#: ``(kind, path, line, id, message)`` of an error found outside the record loop.
+ErrorSink = Callable[[str, str, int, str, str], None]
+
+_PROMPT_KEY = b'"prompt_ids":['
+_OUTPUT_KEY = b'"output_ids":['
+_DIGITS_AND_COMMAS = b"0123456789,"
+_FIELDS: tuple[tuple[str, type], ...] = (
+    ("id", str),
+    ("key", str),
+    ("sample", int),
+    ("prompt_ids", list),
+    ("output_ids", list),
+    ("finish_reason", dict),
+    ("completion_tokens", int),
+)
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One example of a problem: where it is and what is wrong."""
+
+    kind: str
+    path: str
+    line: int | None
+    id: str | None
+    message: str
+
+    def where(self) -> str:
+        return self.path if self.line is None else f"{self.path}:{self.line}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "line": self.line, "id": self.id, "message": self.message}
+
+
+@dataclass
+class ShardResult:
+    """What one shard file held and how it compares with the manifest."""
+
+    path: str
+    state: ShardState
+    records: int = 0
+    bytes: int = 0
+    manifest_records: int | None = None
+    checksum: Literal["ok", "mismatch", "not_recorded"] = "not_recorded"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "state": self.state,
+            "records": self.records,
+            "bytes": self.bytes,
+            "manifest_records": self.manifest_records,
+            "checksum": self.checksum,
+        }
+
+
+@dataclass
+class Report:
+    """Everything ``verify`` found: counts by kind, the first examples of each, and what was not checked."""
+
+    max_examples: int = 20
+    shards: list[ShardResult] = field(default_factory=list)
+    records: int = 0
+    bytes: int = 0
+    elapsed_s: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+    warnings: Counter[str] = field(default_factory=Counter)
+    examples: dict[Severity, dict[str, list[Finding]]] = field(default_factory=lambda: {"error": {}, "warning": {}})
+    not_checked: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.elapsed_s / 1e6 if self.elapsed_s > 0 else 0.0
+
+    def add(self, severity: Severity, finding: Finding, count: int = 1) -> None:
+        (self.errors if severity == "error" else self.warnings)[finding.kind] += count
+        kept = self.examples[severity].setdefault(finding.kind, [])
+        if len(kept) < self.max_examples:
+            kept.append(finding)
+
+    def skip(self, what: str) -> None:
+        if what not in self.not_checked:
+            self.not_checked.append(what)
+
+    def to_json(self) -> dict[str, Any]:
+        def kinds(severity: Severity, counts: Counter[str]) -> dict[str, Any]:
+            return {
+                kind: {"count": n, "examples": [f.to_json() for f in self.examples[severity].get(kind, [])]}
+                for kind, n in sorted(counts.items())
+            }
+
+        return {
+            "ok": self.ok,
+            "records": self.records,
+            "bytes": self.bytes,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "mb_per_s": round(self.mb_per_s, 1),
+            "shards": [s.to_json() for s in self.shards],
+            "errors": kinds("error", self.errors),
+            "warnings": kinds("warning", self.warnings),
+            "not_checked": list(self.not_checked),
+        }
+
+
+def format_report(report: Report) -> str:
+    """The human summary: shards, errors by kind with their first examples, warnings, what was not checked."""
+    lines = [
+        f"checked {report.records:,} records in {len(report.shards)} shard file(s), "
+        f"{report.bytes / 1e6:,.1f} MB in {report.elapsed_s:.2f} s ({report.mb_per_s:,.0f} MB/s)"
+    ]
+    width = max((len(s.path) for s in report.shards), default=0)
+    lines += [f"  {s.path:<{width}}  {s.records:>9,} records  {_shard_status(s)}" for s in report.shards]
+    sections: tuple[tuple[Severity, Counter[str]], ...] = (("error", report.errors), ("warning", report.warnings))
+    for severity, counts in sections:
+        if not counts:
+            continue
+        lines.append(f"{severity}s: {sum(counts.values()):,}")
+        for kind, n in sorted(counts.items()):
+            lines.append(f"  {kind}: {n:,}")
+            shown = report.examples[severity].get(kind, [])
+            if severity == "warning":
+                shown = shown[:HUMAN_WARNING_EXAMPLES]
+            lines += [f"    {f.where()}{_id_part(f)}: {f.message}" for f in shown]
+            if n > len(shown):
+                lines.append(f"    ... and {n - len(shown):,} more")
+    if report.not_checked:
+        lines.append("not checked:")
+        lines += [f"  - {what}" for what in report.not_checked]
+    lines.append("OK: no errors" if report.ok else f"FAILED: {sum(report.errors.values()):,} error(s)")
+    return "\n".join(lines)
+
+
+def _shard_status(shard: ShardResult) -> str:
+    if shard.state == "in_progress":
+        return "in progress (a .partial shard: not finalized, not in the manifest yet)"
+    if shard.state == "partial":
+        return "partial (given explicitly: checked like a finished shard)"
+    if shard.manifest_records is None:
+        return "finalized; no manifest entry (count and sha256 not checked)"
+    count = "count matches" if shard.records == shard.manifest_records else f"manifest says {shard.manifest_records:,}"
+    return f"finalized; {count}; sha256 {'matches' if shard.checksum == 'ok' else 'MISMATCH'}"
+
+
+def _id_part(finding: Finding) -> str:
+    return "" if finding.id is None else f" id {finding.id!r}"
+
+
+# --- what records are checked against ---------------------------------------------------------------
+
+
+@dataclass
+class PromptIndex:
+    """Where each key's row starts in the prompts file (the rows themselves are read back on demand)."""
+
+    path: Path
+    rows: dict[str, tuple[int, int]]
+    sha256: str
+
+    @classmethod
+    def build(cls, path: Path) -> PromptIndex:
+        """Streams the file once; the first row of a key wins, as in a run; bad rows are left out."""
+        rows: dict[str, tuple[int, int]] = {}
+        digest = hashlib.sha256()
+        offset = 0
+        with path.open("rb") as handle:
+            for line, raw in enumerate(handle, start=1):
+                digest.update(raw)
+                if raw.strip():
+                    with contextlib.suppress(BadInputError):
+                        rows.setdefault(parse_row(raw, str(path), line).key, (offset, line))
+                offset += len(raw)
+        return cls(path, rows, digest.hexdigest())
+
+
+class Rerenderer:
+    """Compares stored ``prompt_ids`` with fresh renders, in batches: one render per key, rows read in file order."""
+
+    def __init__(self, renderer: Any, index: PromptIndex, on_error: ErrorSink) -> None:
+        self.renderer = renderer
+        self.index = index
+        self.on_error = on_error
+        self.pending: list[tuple[str, int, str, str, list[int]]] = []
+        self.cache: dict[str, list[int] | str] = {}
+
+    def add(self, path: str, line: int, rid: str, key: str, prompt_ids: list[int]) -> None:
+        self.pending.append((path, line, rid, key, prompt_ids))
+        if len(self.pending) >= RENDER_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        self._render({key for *_, key, _ in self.pending} - self.cache.keys())
+        for path, line, rid, key, prompt_ids in self.pending:
+            self._compare(path, line, rid, key, prompt_ids)
+        self.pending.clear()
+        if len(self.cache) > RENDER_CACHE:
+            self.cache.clear()
+
+    def _render(self, keys: set[str]) -> None:
+        located = sorted((self.index.rows[k], k) for k in keys if k in self.index.rows)
+        if not located:
+            return
+        name = str(self.index.path)
+        with self.index.path.open("rb") as handle:
+            for (offset, line), key in located:
+                handle.seek(offset)
+                try:
+                    row: PromptRow = parse_row(handle.readline(), name, line)
+                    self.cache[key] = self.renderer.render(row, name)
+                except BadInputError as exc:
+                    self.cache[key] = f"{name}:{line}: {exc.detail}"
+
+    def _compare(self, path: str, line: int, rid: str, key: str, prompt_ids: list[int]) -> None:
+        where = self.index.rows.get(key)
+        if where is None:
+            self.on_error("prompt_row_missing", path, line, rid, f"no row with key {key!r} in {self.index.path}")
+            return
+        rendered = self.cache[key]
+        if isinstance(rendered, str):
+            self.on_error("render_error", path, line, rid, rendered)
+        elif rendered != prompt_ids:
+            at = next((i for i, (a, b) in enumerate(zip(prompt_ids, rendered, strict=False)) if a != b), None)
+            at = min(len(prompt_ids), len(rendered)) if at is None else at
+            self.on_error(
+                "prompt_mismatch",
+                path,
+                line,
+                rid,
+                f"prompt_ids differ from a fresh render of {self.index.path}:{where[1]} at position {at} "
+                f"({len(prompt_ids)} ids stored, {len(rendered)} rendered)",
+            )
+
+
+@dataclass
+class RunContext:
+    """What a group of shards is checked against: its manifest's plan and facts, or a tokenizer's facts."""
+
+    label: str
+    manifest: Manifest | None = None
+    vocab_size: int | None = None
+    stop_ids: frozenset[int] | None = None
+    max_new_tokens: int | None = None
+    samples_per_prompt: int | None = None
+    stop_strings: bool | None = None
+    thinking_off: bool = False
+    think_open: int | None = None
+    think_close: int | None = None
+    rerender: Rerenderer | None = None
+    shapes: Counter[str] = field(default_factory=Counter)
+    shape_examples: dict[str, list[Finding]] = field(default_factory=dict)
+
+    def think_tokens(self) -> tuple[bytes, bytes, bytes]:
+        """The compact-JSON spellings used to scan output bytes: ``,open,``, ``,close,`` and ``,close,close,``."""
+        assert self.think_open is not None and self.think_close is not None
+        return b",%d," % self.think_open, b",%d," % self.think_close, b",%d,%d," % (self.think_close, self.think_close)
+
+
+@dataclass(frozen=True)
+class ShardTarget:
+    path: Path
+    context: RunContext
+    explicit: bool
+    partial: bool
+    recorded: ShardInfo | None
+
+
+@dataclass
+class Options:
+    prompts: Path | None
+    tokenizer: Path | None
+    trust_remote_code: bool
+    rerender: bool
+
+
+class Setup:
+    """Resolves paths into shard targets and builds one :class:`RunContext` per run (tokenizers loaded once)."""
+
+    def __init__(self, options: Options, report: Report) -> None:
+        self.options = options
+        self.report = report
+        self.contexts: dict[Path | None, RunContext] = {}
+        self.tokenizers: dict[Path, Any] = {}
+        self.indexes: dict[Path, PromptIndex] = {}
+
+    def targets(self, paths: Sequence[Path]) -> list[ShardTarget]:
+        found: dict[Path, ShardTarget] = {}
+        for path in paths:
+            for target in self._expand(path):
+                known = found.get(target.path.resolve())
+                if known is None or (target.explicit and not known.explicit):
+                    found[target.path.resolve()] = target
+        return list(found.values())
+
+    def _expand(self, path: Path) -> Iterator[ShardTarget]:
+        if path.is_dir():
+            run_dir = path if (path / MANIFEST_NAME).is_file() else None
+            if run_dir is None and path.name == SHARDS_DIR and (path.parent / MANIFEST_NAME).is_file():
+                run_dir = path.parent
+            shard_dir = run_dir / SHARDS_DIR if run_dir is not None else path
+            files = _shard_files(shard_dir)
+            if run_dir is None and not files:
+                raise UsageError(
+                    f"{path} is neither a run directory (no {MANIFEST_NAME}) nor a folder of shard_*.jsonl files; "
+                    "give a run directory or shard files"
+                )
+            context = self.context(run_dir)
+            if context.manifest is not None:
+                self._missing_shards(context.manifest, shard_dir, files)
+            for file in files:
+                yield self._target(file, context, explicit=False)
+            return
+        run_dir = path.parent.parent if path.parent.name == SHARDS_DIR else None
+        if run_dir is not None and not (run_dir / MANIFEST_NAME).is_file():
+            run_dir = None
+        yield self._target(path, self.context(run_dir), explicit=True)
+
+    def _target(self, path: Path, context: RunContext, *, explicit: bool) -> ShardTarget:
+        partial = path.name.endswith(".partial")
+        recorded = None
+        if context.manifest is not None and not partial:
+            recorded = context.manifest.shard_map().get(path.name)
+        return ShardTarget(path, context, explicit, partial, recorded)
+
+    def _missing_shards(self, manifest: Manifest, shard_dir: Path, files: list[Path]) -> None:
+        present = {f.name for f in files}
+        for info in manifest.shards:
+            if info.name not in present:
+                self.report.add(
+                    "error",
+                    Finding(
+                        "shard_missing",
+                        str(shard_dir / info.name),
+                        None,
+                        None,
+                        f"the manifest lists {info.name} ({info.records:,} records) but the file is not there",
+                    ),
+                )
+        recorded = {info.name for info in manifest.shards}
+        for file in files:
+            if not file.name.endswith(".partial") and file.name not in recorded:
+                self.report.add(
+                    "warning",
+                    Finding(
+                        "shard_unrecorded",
+                        str(file),
+                        None,
+                        None,
+                        "a finalized shard the manifest does not list (a crash right after finalize; "
+                        "`eagle-datagen resume` records it); its count and sha256 are not checked",
+                    ),
+                )
+
+    # --- contexts ------------------------------------------------------------------------------
+
+    def context(self, run_dir: Path | None) -> RunContext:
+        key = run_dir.resolve() if run_dir is not None else None
+        if key not in self.contexts:
+            self.contexts[key] = self._manifest_context(run_dir) if run_dir is not None else self._bare_context()
+        return self.contexts[key]
+
+    def _manifest_context(self, run_dir: Path) -> RunContext:
+        manifest = Manifest.load(run_dir)
+        plan, facts = manifest.plan, manifest.facts
+        sampling = plan.get("sampling_params") or {}
+        stops = {*_ints(facts.get("eos_token_ids")), *_ints(facts.get("stop_token_ids"))}
+        stops |= set(_ints(sampling.get("stop_token_ids")))
+        kwargs = plan.get("chat_template_kwargs") or {}
+        context = RunContext(
+            label=str(run_dir),
+            manifest=manifest,
+            vocab_size=_int_or_none(facts.get("model_vocab_size")) or _int_or_none(facts.get("vocab_size")),
+            stop_ids=frozenset(stops) if stops else None,
+            max_new_tokens=_int_or_none(sampling.get("max_new_tokens")),
+            samples_per_prompt=_int_or_none(plan.get("samples_per_prompt")),
+            stop_strings=bool(sampling.get("stop") or sampling.get("stop_regex")),
+            thinking_off=kwargs.get("thinking") is False or kwargs.get("enable_thinking") is False,
+            think_open=_int_or_none(facts.get("think_open_id")),
+            think_close=_int_or_none(facts.get("think_close_id")),
+        )
+        if context.vocab_size is None or context.stop_ids is None:
+            if self.options.tokenizer is not None:
+                self._fill_from_tokenizer(context, self.options.tokenizer)
+            else:
+                self.report.skip(f"{run_dir}: the manifest has no tokenizer facts; pass --tokenizer")
+        self._setup_rerender(context, run_dir)
+        self._note_gaps(context)
+        return context
+
+    def _bare_context(self) -> RunContext:
+        context = RunContext(label="shard files without a manifest")
+        what = "shard files without a manifest"
+        self.report.skip(
+            f"{what}: shard counts and sha256, id/key/sample agreement, the length finish (max_new_tokens) "
+            "and the template kwargs (they live in the run's manifest.json)"
+        )
+        if self.options.tokenizer is not None:
+            self._fill_from_tokenizer(context, self.options.tokenizer)
+        if self.options.prompts is not None and self.options.rerender:
+            self.report.skip(f"{what}: prompt re-render (it needs the run's template kwargs and samples per prompt)")
+        self._note_gaps(context)
+        return context
+
+    def _fill_from_tokenizer(self, context: RunContext, path: Path) -> None:
+        from eagle_datagen.render import model_vocab_size, tokenizer_facts
+
+        facts = tokenizer_facts(self._tokenizer(path), path)
+        context.vocab_size = context.vocab_size or model_vocab_size(path) or facts.vocab_size
+        context.stop_ids = context.stop_ids or frozenset(facts.eos_token_ids) or None
+        if context.manifest is None:
+            context.think_open, context.think_close = facts.think_open_id, facts.think_close_id
+
+    def _note_gaps(self, context: RunContext) -> None:
+        label = context.label
+        if context.vocab_size is None:
+            self.report.skip(f"{label}: the vocabulary bound (only ids < 0 are caught); pass --tokenizer")
+        if context.stop_ids is None:
+            self.report.skip(
+                f"{label}: that a 'stop' finish ends on a stop id (only agreement with 'matched'); pass --tokenizer"
+            )
+        if context.think_open is None or context.think_close is None:
+            why = "pass --tokenizer" if context.vocab_size is None else "the tokenizer has no <think>/</think> tokens"
+            self.report.skip(f"{label}: the thinking structure ({why})")
+
+    def _tokenizer(self, path: Path) -> Any:
+        from eagle_datagen.render import load_tokenizer
+
+        key = path.resolve()
+        if key not in self.tokenizers:
+            self.tokenizers[key] = load_tokenizer(path, trust_remote_code=self.options.trust_remote_code)
+        return self.tokenizers[key]
+
+    def _setup_rerender(self, context: RunContext, run_dir: Path) -> None:
+        if not self.options.rerender:
+            self.report.skip(f"{run_dir}: prompt re-render (turned off)")
+            return
+        plan = context.manifest.plan if context.manifest is not None else {}
+        prompts = self.options.prompts or _plan_path(plan, "prompts")
+        tokenizer = self.options.tokenizer or _plan_path(plan, "tokenizer")
+        if prompts is None or not prompts.is_file():
+            self.report.skip(f"{run_dir}: prompt re-render (the prompts file {prompts} is not here; pass --prompts)")
+            return
+        if tokenizer is None or not tokenizer.exists():
+            self.report.skip(f"{run_dir}: prompt re-render (the tokenizer {tokenizer} is not here; pass --tokenizer)")
+            return
+        from eagle_datagen.render import Renderer, tokenizer_fingerprint
+
+        if tokenizer_fingerprint(tokenizer) != (plan.get("tokenizer") or {}).get("fingerprint"):
+            self._warn_changed("tokenizer_changed", tokenizer, "tokenizer files")
+        key = prompts.resolve()
+        if key not in self.indexes:
+            self.indexes[key] = PromptIndex.build(prompts)
+        index = self.indexes[key]
+        if index.sha256 != (plan.get("prompts") or {}).get("sha256"):
+            self._warn_changed("prompts_changed", prompts, "prompts file")
+        renderer = Renderer(self._tokenizer(tokenizer), plan.get("chat_template_kwargs") or {})
+        context.rerender = Rerenderer(renderer, index, self._render_error)
+
+    def _warn_changed(self, kind: str, path: Path, what: str) -> None:
+        message = f"the {what} differ from the ones pinned in the manifest; prompt mismatches may come from that"
+        self.report.add("warning", Finding(kind, str(path), None, None, message))
+
+    def _render_error(self, kind: str, path: str, line: int, rid: str, message: str) -> None:
+        self.report.add("error", Finding(kind, path, line, rid, message))
+
+
+def _shard_files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), bool(m.group(2)), p) for p in directory.iterdir() if (m := SHARD_RE.match(p.name))]
+    return [p for *_, p in sorted(found)]
+
+
+def _plan_path(plan: dict[str, Any], name: str) -> Path | None:
+    value = (plan.get(name) or {}).get("path")
+    return Path(value) if isinstance(value, str) else None
+
+
+def _ints(value: Any) -> list[int]:
+    return [v for v in value if _int_or_none(v) is not None] if isinstance(value, list) else []
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+# --- per-record checks ------------------------------------------------------------------------------
+
+
+class Checker:
+    """Streams shards and checks each record; the hot path touches ids only through C-level builtins."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.seen: dict[str, int] = {}
+        self.files: list[str] = []
+        self.path = ""
+        self.context = RunContext(label="")
+
+    def check(self, target: ShardTarget) -> None:
+        self.path = str(target.path)
+        self.context = target.context
+        self.files.append(self.path)
+        state: ShardState = "in_progress" if target.partial and not target.explicit else "finalized"
+        result = ShardResult(self.path, "partial" if target.partial and target.explicit else state)
+        digest = hashlib.sha256() if target.recorded is not None else None
+        line = 0
+        with target.path.open("rb") as handle:
+            for raw in handle:
+                if digest is not None:
+                    digest.update(raw)
+                if not raw.endswith(b"\n"):
+                    self._torn(raw, line + 1, live=state == "in_progress")
+                    break
+                line += 1
+                self.record(raw, line)
+            result.bytes = handle.tell()
+        result.records = line
+        if target.recorded is not None and digest is not None:
+            self._compare_recorded(result, target.recorded, digest.hexdigest())
+        if self.context.rerender is not None:
+            self.context.rerender.flush()
+        self.report.shards.append(result)
+        self.report.records += line
+        self.report.bytes += result.bytes
+
+    def _torn(self, raw: bytes, line: int, *, live: bool) -> None:
+        message = f"the last line is cut off after {len(raw):,} bytes (no newline)"
+        if live:
+            message += "; normal while a run is writing or after a kill: resume drops it and sends it again"
+        self.report.add("warning" if live else "error", Finding("torn_line", self.path, line, record_id(raw), message))
+
+    def _compare_recorded(self, result: ShardResult, info: ShardInfo, sha256: str) -> None:
+        result.manifest_records = info.records
+        result.checksum = "ok" if sha256 == info.sha256 else "mismatch"
+        if result.records != info.records:
+            self.error("shard_count", None, None, f"{result.records:,} records but the manifest says {info.records:,}")
+        if result.checksum == "mismatch":
+            self.error(
+                "shard_checksum",
+                None,
+                None,
+                f"sha256 {sha256[:16]}... differs from {info.sha256[:16]}... recorded at finalize: "
+                "the file changed after it was written",
+            )
+
+    def error(self, kind: str, line: int | None, rid: str | None, message: str) -> None:
+        self.report.add("error", Finding(kind, self.path, line, rid, message))
+
+    def warn(self, kind: str, line: int | None, rid: str | None, message: str) -> None:
+        self.report.add("warning", Finding(kind, self.path, line, rid, message))
+
+    def record(self, raw: bytes, line: int) -> None:
+        """Every check on one record line (ending in a newline)."""
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            self.error("parse", line, record_id(raw), f"not valid JSON: {exc}")
+            return
+        if type(record) is not dict:
+            self.error("schema", line, None, f"the line is a JSON {type(record).__name__}, not a record object")
+            return
+        rid = record.get("id")
+        key = record.get("key")
+        sample = record.get("sample")
+        prompt = record.get("prompt_ids")
+        output = record.get("output_ids")
+        finish = record.get("finish_reason")
+        completion = record.get("completion_tokens")
+        if not (
+            type(rid) is str
+            and type(key) is str
+            and type(sample) is int
+            and type(prompt) is list
+            and type(output) is list
+            and type(finish) is dict
+            and type(completion) is int
+        ):
+            self.error("schema", line, rid if isinstance(rid, str) else None, _schema_message(record))
+            return
+        self._identity(rid, key, sample, line)
+        if not output:
+            self.error("empty_output", line, rid, "output_ids is empty")
+            return
+        if not prompt:
+            self.error("schema", line, rid, "prompt_ids is empty")
+            return
+        segments = _id_segments(raw, len(prompt), len(output))
+        problem = _ids_problem(prompt, output, segments is not None, self.context.vocab_size)
+        if problem is not None:
+            self.error(problem[0], line, rid, problem[1])
+            return
+        self._response(prompt, output, finish, completion, rid, line)
+        if self.context.think_open is not None and self.context.think_close is not None:
+            self._thinking(prompt, output, finish, segments[1] if segments else None, rid, line)
+        if self.context.rerender is not None:
+            self.context.rerender.add(self.path, line, rid, key, prompt)
+
+    def _identity(self, rid: str, key: str, sample: int, line: int) -> None:
+        first = self.seen.get(rid)
+        if first is None:
+            self.seen[rid] = (len(self.files) - 1) << 32 | line  # (file, line) of the first use, packed
+        else:
+            self.error("duplicate_id", line, rid, f"id already used on {self.files[first >> 32]}:{first & 0xFFFFFFFF}")
+        spp = self.context.samples_per_prompt
+        if spp is not None and (sample != 0 or rid != key or spp != 1):
+            problem = _id_key_problem(rid, key, sample, spp)
+            if problem is not None:
+                self.error("id_mismatch", line, rid, problem)
+
+    def _response(
+        self, prompt: list[int], output: list[int], finish: dict[str, Any], completion: int, rid: str, line: int
+    ) -> None:
+        context = self.context
+        for problem in (
+            completion_tokens_problem(output, completion),
+            prompt_tail_leak_problem(prompt, output),
+            finish_problem(output, finish, max_new_tokens=context.max_new_tokens, stop_ids=context.stop_ids)
+            or _stop_id_problem(output, finish, context.stop_ids, context.stop_strings),
+        ):
+            if problem is not None:
+                self.error(problem[0], line, rid, problem[1])
+
+    def _thinking(
+        self, prompt: list[int], output: list[int], finish: dict[str, Any], out_seg: bytes | None, rid: str, line: int
+    ) -> None:
+        context = self.context
+        assert context.think_open is not None and context.think_close is not None
+        shape = prompt_shape(prompt, context.think_open, context.think_close)
+        context.shapes[shape] += 1
+        examples = context.shape_examples.setdefault(shape, [])
+        if len(examples) < self.report.max_examples:
+            examples.append(Finding("think_structure", self.path, line, rid, ""))
+        if shape == "plain":
+            return
+        has_open, closes = _think_counts(output, out_seg, context)
+        problems = []
+        if shape == "closed" and (has_open or closes):
+            problems.append("thinking is off (the prompt closes reasoning) but the output holds a think token")
+        if shape == "open":
+            if context.thinking_off:
+                problems.append("the prompt opens reasoning but the run's chat_template_kwargs turn thinking off")
+            if has_open:
+                problems.append(
+                    f"the prompt already opens reasoning but the output holds think-open at {output.index(context.think_open)}"
+                )
+            if closes > 1:
+                problems.append(f"the output closes reasoning {output.count(context.think_close)} times (at most once)")
+        if problems:
+            self.error("think_structure", line, rid, "; ".join(problems))
+        elif shape == "open" and closes == 0 and finish.get("type") == "stop":
+            self.warn(
+                "think_unclosed",
+                line,
+                rid,
+                "finished with 'stop' but never closed reasoning (a tool call can end it without think-close)",
+            )
+
+    def settle(self, contexts: Sequence[RunContext]) -> None:
+        """Run-wide conclusions: records whose prompt shape differs from the run's usual one."""
+        for context in contexts:
+            if context.rerender is not None:
+                context.rerender.flush()
+            if len(context.shapes) < 2:
+                continue
+            (usual, most), *others = context.shapes.most_common()
+            spread = ", ".join(f"{n:,} {_SHAPE_WORDS[s]}" for s, n in context.shapes.most_common())
+            if others[0][1] == most:
+                self.report.add(
+                    "warning",
+                    Finding(
+                        "think_shape_split",
+                        context.label,
+                        None,
+                        None,
+                        f"records disagree on the prompt's end: {spread}",
+                    ),
+                )
+                continue
+            for shape, count in others:
+                message = f"the prompt {_SHAPE_WORDS[shape]} but most records' {_SHAPE_WORDS[usual]} ({spread})"
+                for i, example in enumerate(context.shape_examples.get(shape, [])):
+                    finding = Finding("think_structure", example.path, example.line, example.id, message)
+                    self.report.add("error", finding, count=count if i == 0 else 0)
+
+
+_SHAPE_WORDS: dict[str, str] = {
+    "open": "ends with think-open",
+    "closed": "ends with think-close (thinking off)",
+    "plain": "ends with no think token",
+}
+
+
+def prompt_shape(prompt: Sequence[int], think_open: int, think_close: int) -> PromptShape:
+    """``open`` when the prompt opened reasoning, ``closed`` when it turned thinking off, else ``plain``."""
+    tail = list(prompt[-CLOSED_TAIL:])
+    last_close = len(tail) - 1 - tail[::-1].index(think_close) if think_close in tail else -1
+    last_open = len(tail) - 1 - tail[::-1].index(think_open) if think_open in tail else -1
+    if last_close > last_open:
+        return "closed"
+    if last_open >= len(tail) - OPEN_TAIL:
+        return "open"
+    return "plain"
+
+
+def _id_segments(raw: bytes, n_prompt: int, n_output: int) -> tuple[bytes, bytes] | None:
+    """The text of both id lists when the line is in the writer's compact layout and they hold only
+    non-negative integers (digits and commas), else ``None`` (then the slow, exact checks run)."""
+    p = raw.find(_PROMPT_KEY)
+    o = raw.find(_OUTPUT_KEY)
+    if p < 0 or o < 0:
+        return None
+    p += len(_PROMPT_KEY)
+    o += len(_OUTPUT_KEY)
+    prompt_seg = raw[p : raw.find(b"]", p)]
+    output_seg = raw[o : raw.find(b"]", o)]
+    if prompt_seg.translate(None, _DIGITS_AND_COMMAS) or output_seg.translate(None, _DIGITS_AND_COMMAS):
+        return None
+    if prompt_seg.count(b",") + 1 != n_prompt or output_seg.count(b",") + 1 != n_output:
+        return None
+    return prompt_seg, output_seg
+
+
+def _ids_problem(prompt: list[Any], output: list[Any], known_ints: bool, vocab: int | None) -> Problem | None:
+    """Ids are ints in ``[0, vocab)``. ``known_ints``: the bytes already showed non-negative integers."""
+    for name, ids in (("prompt_ids", prompt), ("output_ids", output)):
+        if not known_ints:
+            bad = next((i for i, x in enumerate(ids) if type(x) is not int), None)
+            if bad is not None:
+                return ("schema", f"{name}[{bad}] is {ids[bad]!r}, not an integer id")
+            if min(ids) < 0:
+                at = next(i for i, x in enumerate(ids) if x < 0)
+                return ("out_of_vocab", f"{name}[{at}] is {ids[at]}, a negative id")
+        if vocab is not None and max(ids) >= vocab:
+            at = next(i for i, x in enumerate(ids) if x >= vocab)
+            return ("out_of_vocab", f"{name}[{at}] is {ids[at]}, outside the vocabulary [0, {vocab})")
+    return None
+
+
+def _think_counts(output: list[int], out_seg: bytes | None, context: RunContext) -> tuple[bool, int]:
+    """Whether the output holds think-open, and how often think-close (0, 1, or 2 for "more than once")."""
+    assert context.think_open is not None and context.think_close is not None
+    if out_seg is None:
+        return context.think_open in output, min(2, output.count(context.think_close))
+    text = b",%b," % out_seg
+    open_token, close_token, close_twice = context.think_tokens()
+    closes = text.count(close_token)
+    if closes == 1 and close_twice in text:  # count() skips a match that shares the comma of the one before
+        closes = 2
+    return open_token in text, min(2, closes)
+
+
+def _stop_id_problem(
+    output: list[int], finish: dict[str, Any], stop_ids: frozenset[int] | None, stop_strings: bool | None
+) -> Problem | None:
+    """A 'stop' finish that did not match a token id must still end on a stop id, unless stop strings were set."""
+    if finish.get("type") != "stop" or stop_ids is None or output[-1] in stop_ids:
+        return None
+    matched = finish.get("matched")
+    if isinstance(matched, int) and not isinstance(matched, bool):
+        return None  # finish_problem has judged it
+    if isinstance(matched, str) and stop_strings is not False:
+        return None
+    return ("stop_token", f"finish 'stop' (matched {matched!r}) but the last output id {output[-1]} is not a stop id")
+
+
+def _id_key_problem(rid: str, key: str, sample: int, samples_per_prompt: int) -> str | None:
+    from eagle_datagen.pipeline import record_ids
+
+    if not 0 <= sample < samples_per_prompt:
+        return f"sample {sample} is outside [0, {samples_per_prompt}) (samples per prompt in the manifest)"
+    expected = record_ids(key, samples_per_prompt)[sample][0]
+    if rid != expected:
+        return f"the id does not follow from key {key!r} and sample {sample} (expected {expected!r})"
+    return None
+
+
+def _schema_message(record: dict[str, Any]) -> str:
+    for name, kind in _FIELDS:
+        if name not in record:
+            return f"the record has no {name!r}"
+        value = record[name]
+        if type(value) is not kind:
+            return f"{name!r} is {type(value).__name__}, not {kind.__name__}"
+    return "the record does not have the expected fields"
+
+
+# --- entry points -----------------------------------------------------------------------------------
+
+
+def verify(
+    paths: Sequence[Path],
+    *,
+    prompts: Path | None = None,
+    tokenizer: Path | None = None,
+    trust_remote_code: bool = False,
+    max_errors: int = 20,
+    rerender: bool = True,
+) -> Report:
+    """Checks every record of the given shard files and run directories; see the module docstring."""
+    started = time.perf_counter()
+    report = Report(max_examples=max_errors)
+    setup = Setup(Options(prompts, tokenizer, trust_remote_code, rerender), report)
+    targets = setup.targets(paths)
+    checker = Checker(report)
+    for target in targets:
+        checker.check(target)
+    checker.settle(list(setup.contexts.values()))
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def verify_command(
+    paths: list[Path],
+    *,
+    prompts: Path | None,
+    tokenizer: Path | None,
+    trust_remote_code: bool,
+    as_json: bool,
+    max_errors: int,
+) -> int:
+    """``eagle-datagen verify-shard``: prints the report; 0 when there are no errors, else 1."""
+    report = verify(
+        paths, prompts=prompts, tokenizer=tokenizer, trust_remote_code=trust_remote_code, max_errors=max_errors
+    )
+    if as_json:
+        print(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(format_report(report))
+    return 0 if report.ok else 1
