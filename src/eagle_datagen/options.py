@@ -64,8 +64,8 @@ DEFAULTS: dict[str, Any] = {
 }
 #: Options that are never written to the manifest.
 SECRET = frozenset({"api_key"})
-#: Options that only make sense for one invocation.
-TRANSIENT = frozenset({"config", "out"})
+#: Options that hold for one invocation only (resume does not inherit them).
+TRANSIENT = frozenset({"config", "out", "retry_failed", "progress", "preflight"})
 PRESET_SECTIONS = {
     "server": {"tp_size", "mem_fraction_static", "trust_remote_code", "server_arg", "startup_timeout_s"},
     "sampling": {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "sampling_params"},

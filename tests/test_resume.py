@@ -1,0 +1,265 @@
+"""Checkpoint and resume: kill -9 at random moments, torn tails, refused plan changes, Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from conftest import read_records, varied_rows, write_jsonl
+from eagle_datagen.cli import main
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def fake_process(tmp_path: Path, hf_tokenizer: Any) -> Iterator[tuple[str, Path]]:
+    """A fake SGLang server in its own process, with latency, so kills land mid-flight."""
+    port_file = tmp_path / "fake.port"
+    config = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "latency_s": 0.05,
+              "max_running_requests": 4}  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eagle_datagen.testing.fake_sglang", "--port", "0", "--port-file", str(port_file),
+         "--config-json", orjson.dumps(config).decode()],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not (port_file.exists() and port_file.read_text().strip()):
+        assert time.monotonic() < deadline and process.poll() is None, "the fake server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port_file.read_text().strip()}", port_file
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "eagle_datagen", *args]
+
+
+def assert_lines_parse(out: Path) -> None:
+    for path in (out / "shards").glob("shard_*.jsonl*"):
+        data = path.read_bytes()
+        assert not data or data.endswith(b"\n") or path.name.endswith(".partial")
+        for line in data.splitlines()[:-1] if path.name.endswith(".partial") else data.splitlines():
+            orjson.loads(line)
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_loses_and_doubles_nothing(
+    tmp_path: Path, tiny_tokenizer: Path, fake_process: tuple[str, Path]
+) -> None:
+    url, _ = fake_process
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(600))
+    common = ["--server-url", url, "--no-progress", "--concurrency", "2", "--checkpoint-records", "3",
+              "--checkpoint-interval-s", "0.05"]  # fmt: skip
+    plan = [
+        "--prompts",
+        str(prompts),
+        "--tokenizer",
+        str(tiny_tokenizer),
+        "--max-new-tokens",
+        "40",
+        "--shard-size",
+        "37",
+    ]
+
+    reference = tmp_path / "reference"
+    result = invoke("run", *plan, "--out", str(reference), *common)
+    assert result.exit_code == 0, result.output
+    expected = {r["id"]: r for r in read_records(reference)}
+    assert len(expected) == 600
+
+    out = tmp_path / "out"
+    rng = random.Random(1234)
+    kills = 0
+    command = cli("run", *plan, "--out", str(out), *common)
+    finished = False
+    progress: list[int] = [0]  # records on disk after each kill: kills must land mid-run
+    while kills < 12 and not finished:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(1.6, 2.6))  # start-up (imports, tokenizer) takes about 1.5 s
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            kills += 1
+        else:
+            finished = process.returncode == 0
+        process.wait()
+        assert_lines_parse(out)
+        done = [r["id"] for r in read_records_tolerant(out)]
+        assert len(done) == len(set(done)), "an id was written twice"
+        progress.append(len(done))
+        command = cli("resume", "--out", str(out))
+    assert kills >= 10, f"only {kills} kills landed before the run finished"
+
+    final = subprocess.run(cli("resume", "--out", str(out)), capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    records = read_records(out)
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 600
+    assert set(ids) == set(expected)
+    for record in records:
+        assert record == expected[record["id"]]
+    manifest = orjson.loads((out / "manifest.json").read_bytes())
+    assert sum(s["records"] for s in manifest["shards"]) == 37 * (600 // 37)
+    assert sum(1 for a, b in zip(progress, progress[1:], strict=False) if b > a) >= 5, progress
+
+
+def read_records_tolerant(out: Path) -> list[dict[str, Any]]:
+    """Records of a directory a kill may have left with a torn last line."""
+    records = []
+    for path in sorted((out / "shards").glob("shard_*.jsonl*")):
+        for line in path.read_bytes().split(b"\n"):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                records.append(orjson.loads(line))
+    return records
+
+
+def small_run(tmp_path: Path, tokenizer: Path, url: str, n: int = 20, *extra: str) -> tuple[Path, Path]:
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(n))
+    out = tmp_path / "out"
+    result = invoke("run", "--prompts", str(prompts), "--tokenizer", str(tokenizer), "--server-url", url,
+                    "--out", str(out), "--no-progress", "--shard-size", "7", *extra)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return prompts, out
+
+
+def test_torn_tail_is_repaired_and_resent(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url)
+    (partial,) = (out / "shards").glob("*.partial")
+    lines = partial.read_bytes().splitlines(keepends=True)
+    torn_id = orjson.loads(lines[-1])["id"]
+    partial.write_bytes(b"".join(lines[:-1]) + lines[-1][:40])
+    result = invoke("resume", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "repaired a torn tail" in result.output
+    records = read_records(out)
+    assert sorted(r["id"] for r in records).count(torn_id) == 1 and len(records) == 20
+
+
+def test_resume_of_a_finished_run_sends_nothing(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url)
+    before = fake_server.stats()["generate_received"]
+    result = invoke("resume", "--out", str(out), "--no-preflight")
+    assert result.exit_code == 0, result.output
+    assert fake_server.stats()["generate_received"] == before
+    assert "20 records already done" in result.output
+
+
+def test_resume_refuses_a_changed_prompts_file(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    prompts, out = small_run(tmp_path, tiny_tokenizer, fake_server.url)
+    with prompts.open("ab") as handle:
+        handle.write(b'{"prompt": "one more"}\n')
+    result = invoke("resume", "--out", str(out))
+    assert result.exit_code == 2
+    assert "prompts.sha256" in result.output and "prompts.size" in result.output
+
+
+def test_resume_refuses_another_tokenizer_or_template(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url)
+    other = tmp_path / "tok2"
+    shutil.copytree(tiny_tokenizer, other)
+    config = other / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("assistant<|im_middle|>", "assistant <|im_middle|>"))
+    result = invoke("resume", "--out", str(out), "--tokenizer", str(other))
+    assert result.exit_code == 2
+    assert "tokenizer.fingerprint" in result.output and "tokenizer.chat_template_sha256" in result.output
+
+
+def test_resume_refuses_changed_sampling_defaults(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_tokenizer, model)
+    (model / "generation_config.json").write_text('{"temperature": 0.7}')
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(5))
+    out = tmp_path / "out"
+    result = invoke("run", "--prompts", str(prompts), "--tokenizer", str(model), "--server-url", fake_server.url,
+                    "--out", str(out), "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (model / "generation_config.json").write_text('{"temperature": 0.9}')
+    result = invoke("resume", "--out", str(out))
+    assert result.exit_code == 2
+    assert "sampling_params.temperature: pinned 0.7, now 0.9" in result.output
+
+
+def test_resume_may_change_server_and_speed_options(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    from eagle_datagen.testing.fake_sglang import FakeSGLangServer
+
+    _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url, 20, "--max-new-tokens", "8")
+    (partial,) = (out / "shards").glob("*.partial")
+    partial.unlink()  # lose the last records: resume must redo exactly those
+    with FakeSGLangServer(fake_server.config) as other:
+        result = invoke("resume", "--out", str(out), "--server-url", other.url, "--concurrency", "3")
+    assert result.exit_code == 0, result.output
+    assert len(read_records(out)) == 20
+    manifest = orjson.loads((out / "manifest.json").read_bytes())
+    assert manifest["runs"][-1]["servers"] == [other.url]
+
+
+def test_failed_rows_are_retried_unless_kept_aside(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    fake_server.update_config(drop_stop_token=1.0)
+    _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url, 6, "--no-preflight")
+    assert read_records(out) == []
+    fake_server.update_config(drop_stop_token=0.0)
+    kept = invoke("resume", "--out", str(out), "--no-retry-failed")
+    assert kept.exit_code == 0 and read_records(out) == []
+    retried = invoke("resume", "--out", str(out))
+    assert retried.exit_code == 0, retried.output
+    assert len(read_records(out)) == 6
+
+
+def test_run_into_a_used_directory_points_to_resume(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    prompts, out = small_run(tmp_path, tiny_tokenizer, fake_server.url)
+    result = invoke("run", "--prompts", str(prompts), "--tokenizer", str(tiny_tokenizer), "--server-url",
+                    fake_server.url, "--out", str(out))  # fmt: skip
+    assert result.exit_code == 2 and "eagle-datagen resume --out" in result.output
+
+
+@pytest.mark.slow
+def test_sigint_stops_cleanly_and_prints_the_resume_command(
+    tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any
+) -> None:
+    from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+
+    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, latency_s=0.4)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(200))
+    out = tmp_path / "out"
+    with FakeSGLangServer(config) as server:
+        process = subprocess.Popen(
+            cli("run", "--prompts", str(prompts), "--tokenizer", str(tiny_tokenizer), "--server-url", server.url,
+                "--out", str(out), "--no-progress", "--concurrency", "8"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while server.stats()["generate_responses"] < 10:
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 130, stderr
+        assert "SIGINT: stopping" in stderr
+        assert f"eagle-datagen resume --out {out}" in stderr
+        partial_count = len(read_records(out))
+        assert 0 < partial_count < 200
+        assert server.stats()["in_flight"] == 0  # requests in flight were waited for, not abandoned
+        result = invoke("resume", "--out", str(out))
+        assert result.exit_code == 0, result.output
+    assert len(read_records(out)) == 200
+
+
+def test_environment_is_clean() -> None:
+    assert "EAGLE_DATAGEN_API_KEY" not in os.environ
