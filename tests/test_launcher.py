@@ -37,7 +37,6 @@ from eagle_datagen.testing.fake_sglang import FakeConfig, expected_output
 
 TESTS = Path(__file__).resolve().parent
 STANDIN = TESTS / "standin"
-ROOT = TESTS.parent
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -221,6 +220,7 @@ def test_start_serves_and_stop_leaves_no_process(tmp_path: Path) -> None:
     server.stop()  # twice is fine
     log = log_text(tmp_path / "server.log")
     assert "=== eagle-datagen: starting" in log and f"process group {pgid}" in log and "SIGTERM received" in log
+    assert (tmp_path / "server.log").stat().st_mode & 0o777 == 0o600  # SGLang logs its args, the key among them
 
 
 def test_a_failed_start_reports_the_log_tail_and_path(tmp_path: Path) -> None:
@@ -239,7 +239,7 @@ def test_a_failed_start_reports_the_log_tail_and_path(tmp_path: Path) -> None:
 
 def test_no_sglang_in_server_python_says_so(tmp_path: Path) -> None:
     server = ManagedServer(standin_config(tmp_path), tmp_path / "server.log", env={"PYTHONPATH": ""})
-    with pytest.raises(ServerError, match="SGLang is not installed for .*--server-python"):
+    with pytest.raises(ServerError, match=r"SGLang is not installed for .*--server-python"):
         run(start(server))
 
 
@@ -464,6 +464,7 @@ def test_an_exception_in_our_code_stops_the_server(
         (signal.SIGTERM, "running", {130}),
         (signal.SIGKILL, "running", {-signal.SIGKILL}),
         (signal.SIGINT, "starting", {130}),
+        # Before the run installs its signal handlers SIGTERM kills the CLI outright: the reaper stops the server.
         (signal.SIGTERM, "starting", {130, -signal.SIGTERM}),
     ],
 )
@@ -476,8 +477,9 @@ def test_a_signal_to_the_cli_leaves_no_process(
     env = {**os.environ, **fake_env(fake_config, time_per_token_s=0.005), **knobs}
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(2000))
     out = tmp_path / "out"
+    args = cli_args(prompts, out, model_dir, "--grace-period-s", "5", "--checkpoint-records", "20")
     cli = subprocess.Popen(
-        [sys.executable, "-m", "eagle_datagen", *cli_args(prompts, out, model_dir, "--grace-period-s", "5")],
+        [sys.executable, "-m", "eagle_datagen", *args],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:

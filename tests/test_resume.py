@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import shutil
@@ -117,7 +118,7 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(
         assert record == expected[record["id"]]
     manifest = orjson.loads((out / "manifest.json").read_bytes())
     assert sum(s["records"] for s in manifest["shards"]) == 37 * (600 // 37)
-    assert sum(1 for a, b in zip(progress, progress[1:], strict=False) if b > a) >= 5, progress
+    assert sum(1 for a, b in itertools.pairwise(progress) if b > a) >= 5, progress
 
 
 def read_records_tolerant(out: Path) -> list[dict[str, Any]]:

@@ -309,7 +309,7 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
             api_key=config.server.api_key,
         )
         endpoints = [Endpoint(f.url, f.max_running_requests, f.max_req_input_len) for f in server_facts]
-        pool = ServerPool(endpoints, _recover_fn(http, managed))
+        pool = ServerPool(endpoints, _recover_fn(http, managed, transport))
         yield Servers(http, pool, server_facts, managed, concurrency, transport)
     finally:
         if pool is not None:
@@ -322,8 +322,11 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
         await setup.aclose()
 
 
-def _recover_fn(http: httpx.AsyncClient, managed: ManagedServer | None) -> Callable[[Endpoint], Any]:
+def _recover_fn(
+    http: httpx.AsyncClient, managed: ManagedServer | None, transport: Transport
+) -> Callable[[Endpoint], Any]:
     async def recover(endpoint: Endpoint) -> bool:
+        transport.drop(endpoint.url)  # keep-alive connections to a dead server are dead too
         if managed is not None:
             if managed.alive() and await wait_until_healthy(http, endpoint.url, give_up_after_s=60.0):
                 return True

@@ -267,7 +267,11 @@ class ManagedServer:
                 "a free --port, or leave --port out to get one"
             )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log_file:
+        # Private: SGLang logs its resolved server args, the API key among them.
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if self.api_key:
+            os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "ab") as log_file:
             log_file.write(f"\n=== eagle-datagen: starting {' '.join(redact(self.command))}\n".encode())
             log_file.flush()
             try:

@@ -16,8 +16,8 @@ import queue
 import secrets
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ from eagle_datagen.errors import BadInputError, PreflightFailed, RequestFailed
 from eagle_datagen.logs import JsonlLog
 from eagle_datagen.pool import Endpoint, ServerPool, backoff_s
 from eagle_datagen.prompts import PromptReader, PromptRow
+from eagle_datagen.render import Rendered
 from eagle_datagen.shards import ShardStore
 from eagle_datagen.transport import Transport
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 BATCH = 64
 PREFLIGHT_MAX_NEW_TOKENS = 16
 _END = object()
+#: Renders chunks of rows, in order (``Renderer.render_chunks`` or ``RenderPool.render_chunks``).
+ChunkRenderer = Callable[[Iterable[list[PromptRow]]], Iterator[list[Rendered]]]
 
 
 @dataclass(slots=True)
@@ -90,7 +93,13 @@ def record_ids(key: str, samples_per_prompt: int) -> list[tuple[str, int]]:
 
 
 class Producer:
-    """Reads and renders rows in a thread; hands batches of work items to the event loop."""
+    """Reads and renders rows in a thread; hands batches of work items to the event loop.
+
+    Rows render one ``render`` call each, or, with ``render_chunks``, in chunks of :data:`BATCH` rows
+    (:meth:`Renderer.render_chunks`, or :meth:`RenderPool.render_chunks` for worker processes), which
+    is what keeps rendering off the critical path (docs/performance.md). Either way rows already done
+    are skipped before rendering, and a row the template rejects is set aside or stops the run.
+    """
 
     def __init__(
         self,
@@ -102,9 +111,11 @@ class Producer:
         limits: Limits,
         reject: Callable[[dict[str, Any]], None],
         stats: Stats,
+        render_chunks: ChunkRenderer | None = None,
     ) -> None:
         self.reader = reader
         self.render = render
+        self.render_chunks = render_chunks
         self.samples_per_prompt = samples_per_prompt
         self.skip = skip
         self.limits = limits
@@ -129,33 +140,76 @@ class Producer:
     def _run(self) -> None:
         try:
             batch: list[WorkItem] = []
-            for row in self.reader:
+            for items in self._rendered():
                 if self.stop.is_set():
                     return
-                batch.extend(self._items(row))
+                batch.extend(items)
                 if len(batch) >= BATCH:
                     if not self._put(batch):
                         return
                     batch = []
-            if batch and not self._put(batch):
+            if self.stop.is_set() or (batch and not self._put(batch)):
                 return
             self._put(_END)
         except BaseException as exc:  # handed to the loop, which stops the run cleanly
             self._put(exc)
 
-    def _items(self, row: PromptRow) -> list[WorkItem]:
+    def _rendered(self) -> Iterator[list[WorkItem]]:
+        """The work items of each row, in file order."""
+        if self.render_chunks is None:
+            for row in self.reader:
+                if self.stop.is_set():
+                    return
+                yield self._items(row)
+            return
+        staged: deque[list[tuple[PromptRow, list[tuple[str, int]]]]] = deque()
+        for results in self.render_chunks(self._chunks(staged)):
+            for (row, wanted), rendered in zip(staged.popleft(), results, strict=True):
+                if isinstance(rendered, BadInputError):
+                    self._bad_row(rendered)
+                    continue
+                yield self._checked_items(row, wanted, rendered)
+
+    def _chunks(self, staged: deque[list[tuple[PromptRow, list[tuple[str, int]]]]]) -> Iterator[list[PromptRow]]:
+        """Chunks of rows still to do; each chunk's (row, wanted ids) pairs are staged for its result."""
+        chunk: list[tuple[PromptRow, list[tuple[str, int]]]] = []
+        for row in self.reader:
+            if self.stop.is_set():
+                return
+            wanted = self._wanted(row)
+            if wanted:
+                chunk.append((row, wanted))
+            if len(chunk) >= BATCH:
+                staged.append(chunk)
+                yield [row for row, _ in chunk]
+                chunk = []
+        if chunk:
+            staged.append(chunk)
+            yield [row for row, _ in chunk]
+
+    def _wanted(self, row: PromptRow) -> list[tuple[str, int]]:
         wanted = [(rid, s) for rid, s in record_ids(row.key, self.samples_per_prompt) if not self.skip(rid)]
         self.stats.already_done += self.samples_per_prompt - len(wanted)
+        return wanted
+
+    def _items(self, row: PromptRow) -> list[WorkItem]:
+        wanted = self._wanted(row)
         if not wanted:
             return []
         try:
             prompt_ids = self.render(row)
         except BadInputError as exc:
-            if self.reader.on_bad is None:
-                raise
-            self.stats.rejects += 1
-            self.reader.on_bad(exc)
+            self._bad_row(exc)
             return []
+        return self._checked_items(row, wanted, prompt_ids)
+
+    def _bad_row(self, exc: BadInputError) -> None:
+        if self.reader.on_bad is None:
+            raise exc
+        self.stats.rejects += 1
+        self.reader.on_bad(exc)
+
+    def _checked_items(self, row: PromptRow, wanted: list[tuple[str, int]], prompt_ids: list[int]) -> list[WorkItem]:
         limit = self.limits.max_input_len
         if limit is not None and len(prompt_ids) >= limit:
             self._set_aside(
@@ -243,6 +297,7 @@ class Pipeline:
         """Stop sending; requests in flight may finish (the caller bounds how long)."""
         self.stopping.set()
         self.producer.stop.set()
+        self._slots.release()  # wake the feeder if it waits for a free slot; it re-checks the flag
 
     async def run(self, grace_s: float) -> None:
         """Runs to the end of the prompts, or until :meth:`request_stop` (then waits up to ``grace_s``
@@ -366,7 +421,11 @@ class Pipeline:
         exc = task.exception()
         if exc is None:
             self.pool.succeeded(endpoint)
-            self._write(item, task.result())
+            try:
+                self._write(item, task.result())
+            except Exception as error:  # a write error (disk full) stops the run; durable data stays
+                self._finish(item)
+                self._fail_run(error)
         elif isinstance(exc, RequestFailed):
             self._failed(item, endpoint, exc)
         else:

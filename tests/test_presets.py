@@ -1,0 +1,129 @@
+"""Model presets (configs/*.toml): they parse, hold the facts verification needs, and flags override them."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from conftest import read_records, write_jsonl
+from eagle_datagen.cli import main
+from eagle_datagen.launcher import check_server_args, launch_command
+from eagle_datagen.options import PRESET_SECTIONS, build_run_config, load_preset, merge
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+STANDIN = Path(__file__).resolve().parent / "standin"
+
+#: docs/reasoning-templates.md §0: <think>, </think>, whether the prompt ends inside the reasoning, the stop ids,
+#: and the thinking switch of the template.
+FACTS: dict[str, tuple[int, int, bool, list[int], dict[str, Any]]] = {
+    "kimi-k2.5": (163606, 163607, True, [163586, 163585], {"thinking": True}),
+    "qwen3": (151667, 151668, False, [151645, 151643], {"enable_thinking": True}),
+    "deepseek-r1": (128798, 128799, True, [1], {}),
+    "deepseek-v3.1": (128798, 128799, True, [1], {"thinking": True}),
+    "glm-4.5": (151350, 151351, False, [151329, 151336, 151338], {"enable_thinking": True}),
+}
+
+
+def test_every_family_has_a_preset() -> None:
+    assert sorted(p.stem for p in CONFIGS.glob("*.toml")) == sorted(FACTS)
+
+
+def base_options(tmp_path: Path) -> dict[str, Any]:
+    return {"prompts": tmp_path / "p.jsonl", "out": tmp_path / "out", "model": tmp_path / "model"}
+
+
+@pytest.mark.parametrize("name", sorted(FACTS))
+def test_a_preset_parses_and_builds_a_launch(name: str, tmp_path: Path) -> None:
+    preset = load_preset(CONFIGS / f"{name}.toml")
+    think_open, think_close, in_prompt, stop_ids, kwargs = FACTS[name]
+    assert preset["preset_name"] == name
+    tokens = preset["preset_tokens"]
+    assert (tokens["think_open"], tokens["think_close"], tokens["think_open_in_prompt"]) == (
+        think_open,
+        think_close,
+        in_prompt,
+    )
+    assert tokens["stop_token_ids"] == stop_ids and isinstance(tokens["prompt_tail"], str)
+    assert preset.get("chat_template_kwargs", {}) == kwargs
+
+    config = build_run_config(merge(preset, base_options(tmp_path)))
+    launch = config.server.launch
+    assert launch is not None and launch.tp_size == 8 and launch.mem_fraction_static == 0.85
+    check_server_args(launch.server_args, allow_reasoning_parser=False)
+    assert "--reasoning-parser" not in " ".join(launch_command(launch, 30000, None))
+    assert config.chat_template_kwargs == kwargs
+    assert config.preset == name
+    assert config.sampling.max_new_tokens == preset["max_new_tokens"] >= 4096
+    assert {k: config.sampling.params[k] for k in ("temperature", "top_p")} == {
+        "temperature": preset["temperature"],
+        "top_p": preset["top_p"],
+    }
+
+
+def test_presets_use_only_known_options() -> None:
+    known = set().union(*PRESET_SECTIONS.values()) | {"chat_template_kwargs", "preset_tokens", "preset_name"}
+    for path in CONFIGS.glob("*.toml"):
+        assert set(load_preset(path)) <= known, path
+
+
+def test_explicit_flags_override_the_preset(tmp_path: Path) -> None:
+    preset = load_preset(CONFIGS / "kimi-k2.5.toml")
+    flags = {
+        "tp_size": 1,
+        "mem_fraction_static": 0.5,
+        "temperature": 0.0,
+        "max_new_tokens": 64,
+        "server_arg": ["--device=cpu"],
+        "chat_template_kwargs": '{"thinking": false}',
+        "startup_timeout_s": 60.0,
+        "top_p": None,  # a flag not given does not erase the preset's value
+    }
+    config = build_run_config(merge(preset, flags, base_options(tmp_path)))
+    launch = config.server.launch
+    assert launch is not None
+    assert (launch.tp_size, launch.mem_fraction_static, launch.startup_timeout_s) == (1, 0.5, 60.0)
+    assert launch.server_args == ("--device=cpu",) and launch.trust_remote_code
+    assert config.sampling.to_request() == {"max_new_tokens": 64, "temperature": 0.0, "top_p": 0.95}
+    assert config.chat_template_kwargs == {"thinking": False}
+
+
+def test_a_preset_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    from eagle_datagen.errors import UsageError
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[server]\ntp = 8\n')
+    with pytest.raises(UsageError, match=r"\[server\] tp is not a preset option"):
+        load_preset(bad)
+
+
+def test_run_with_a_preset_and_overriding_flags(
+    tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--config configs/kimi-k2.5.toml` on the command line, with a launched (stand-in) server."""
+    fake = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 8}
+    monkeypatch.setenv("PYTHONPATH", str(STANDIN))
+    monkeypatch.setenv("FAKE_SGLANG_CONFIG_JSON", orjson.dumps(fake).decode())
+    model = Path(shutil.copytree(tiny_tokenizer, tmp_path / "model"))
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"k{i}", "prompt": f"q {i}"} for i in range(5)])
+    out = tmp_path / "out"
+    args = [
+        "run", "--config", str(CONFIGS / "kimi-k2.5.toml"), "--prompts", str(prompts), "--out", str(out),
+        "--model", str(model), "--server-python", sys.executable, "--tp-size", "1", "--temperature", "0",
+        "--max-new-tokens", "16", "--server-arg=--device=cpu", "--no-progress",
+    ]  # fmt: skip
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    manifest = orjson.loads((out / "manifest.json").read_bytes())
+    command = manifest["server"]["launch_command"]
+    assert command[command.index("--tp-size") + 1] == "1"
+    assert "--trust-remote-code" in command and command[-1] == "--device=cpu"
+    assert manifest["plan"]["sampling_params"] == {"max_new_tokens": 16, "temperature": 0.0, "top_p": 0.95}
+    assert manifest["plan"]["chat_template_kwargs"] == {"thinking": True}
+    assert manifest["facts"]["preset"] == "kimi-k2.5"
+    assert sorted(r["id"] for r in read_records(out)) == [f"k{i}" for i in range(5)]
