@@ -142,15 +142,24 @@ def small_run(tmp_path: Path, tokenizer: Path, url: str, n: int = 20, *extra: st
 
 def test_torn_tail_is_repaired_and_resent(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
     _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url)
-    (partial,) = (out / "shards").glob("*.partial")
-    lines = partial.read_bytes().splitlines(keepends=True)
+    # Turn the last shard back into what a kill mid-write leaves: a .partial with a torn last line.
+    manifest_path = out / "manifest.json"
+    manifest = orjson.loads(manifest_path.read_bytes())
+    last = manifest["shards"].pop()
+    manifest_path.write_bytes(orjson.dumps(manifest))
+    final = out / "shards" / last["name"]
+    final.with_suffix(".ids").unlink()
+    lines = final.read_bytes().splitlines(keepends=True)
     torn_id = orjson.loads(lines[-1])["id"]
+    partial = final.with_name(final.name + ".partial")
     partial.write_bytes(b"".join(lines[:-1]) + lines[-1][:40])
+    final.unlink()
     result = invoke("resume", "--out", str(out))
     assert result.exit_code == 0, result.output
     assert "repaired a torn tail" in result.output
     records = read_records(out)
-    assert sorted(r["id"] for r in records).count(torn_id) == 1 and len(records) == 20
+    assert [r["id"] for r in records].count(torn_id) == 1 and len(records) == 20
+    assert not list((out / "shards").glob("*.partial"))
 
 
 def test_resume_of_a_finished_run_sends_nothing(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
@@ -201,8 +210,11 @@ def test_resume_may_change_server_and_speed_options(tmp_path: Path, tiny_tokeniz
     from eagle_datagen.testing.fake_sglang import FakeSGLangServer
 
     _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url, 20, "--max-new-tokens", "8")
-    (partial,) = (out / "shards").glob("*.partial")
-    partial.unlink()  # lose the last records: resume must redo exactly those
+    manifest = orjson.loads((out / "manifest.json").read_bytes())
+    last = manifest["shards"].pop()  # lose the last shard: resume must redo exactly its records
+    (out / "manifest.json").write_bytes(orjson.dumps(manifest))
+    (out / "shards" / last["name"]).unlink()
+    (out / "shards" / last["name"]).with_suffix(".ids").unlink()
     with FakeSGLangServer(fake_server.config) as other:
         result = invoke("resume", "--out", str(out), "--server-url", other.url, "--concurrency", "3")
     assert result.exit_code == 0, result.output

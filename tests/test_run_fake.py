@@ -62,10 +62,10 @@ def test_1000_prompts_are_exact_and_each_key_appears_once(
     shards = sorted(p.name for p in (out / "shards").iterdir())
     assert shards == [
         "shard_00000.ids", "shard_00000.jsonl", "shard_00001.ids", "shard_00001.jsonl",
-        "shard_00002.ids", "shard_00002.jsonl", "shard_00003.jsonl.partial",
+        "shard_00002.ids", "shard_00002.jsonl", "shard_00003.ids", "shard_00003.jsonl",
     ]  # fmt: skip
     manifest = orjson.loads((out / "manifest.json").read_bytes())
-    assert [s["records"] for s in manifest["shards"]] == [300, 300, 300]
+    assert [s["records"] for s in manifest["shards"]] == [300, 300, 300, 100]
     assert manifest["plan"]["sampling_params"] == sampling
     assert manifest["server"]["sglang_version"] == "0.5.23"
     assert "api_key" not in (out / "manifest.json").read_text()

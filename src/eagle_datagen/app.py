@@ -235,6 +235,8 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 finally:
                     progress.close()
             interrupted = stopped()
+            if not interrupted:
+                store.finish()
     except BaseException:
         interrupted = True
         raise

@@ -184,6 +184,11 @@ class ShardStore:
         if self._count >= self.shard_size:
             self._finalize()
 
+    def finish(self) -> None:
+        """The run is complete: the last, short shard is finalized too (a later resume starts a new one)."""
+        if self._count:
+            self._finalize()
+
     def checkpoint(self) -> None:
         """Everything appended so far is on disk after this returns."""
         self._write_buffer()
