@@ -117,7 +117,7 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(
     for record in records:
         assert record == expected[record["id"]]
     manifest = orjson.loads((out / "manifest.json").read_bytes())
-    assert sum(s["records"] for s in manifest["shards"]) == 37 * (600 // 37)
+    assert sum(s["records"] for s in manifest["shards"]) == 600  # the last, short shard is finalized too
     assert sum(1 for a, b in itertools.pairwise(progress) if b > a) >= 5, progress
 
 

@@ -181,3 +181,12 @@ def test_a_400_is_recorded_with_sglangs_message_and_not_retried(
     (failure,) = [orjson.loads(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
     assert failure["kind"] == "http_400" and failure["attempts"] == 1
     assert "context length" in failure["message"]
+
+
+def test_render_workers_give_the_same_records(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(300))
+    inline, pooled = tmp_path / "inline", tmp_path / "pooled"
+    assert invoke(*run_args(prompts, inline, tiny_tokenizer, fake_server)).exit_code == 0
+    result = invoke(*run_args(prompts, pooled, tiny_tokenizer, fake_server, "--render-workers", "2"))
+    assert result.exit_code == 0, result.output
+    assert {r["id"]: r for r in read_records(inline)} == {r["id"]: r for r in read_records(pooled)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -28,11 +29,11 @@ from eagle_datagen.launcher import ManagedServer, redact
 from eagle_datagen.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
 from eagle_datagen.manifest import MANIFEST_NAME, Manifest, check_plan, file_identity
 from eagle_datagen.options import build_run_config, merge, savable
-from eagle_datagen.pipeline import Limits, Pipeline, Producer, Stats
+from eagle_datagen.pipeline import Limits, Pipeline, Producer, Stats, record_ids
 from eagle_datagen.pool import Endpoint, ServerPool
 from eagle_datagen.progress import Progress, format_summary
 from eagle_datagen.prompts import PromptReader
-from eagle_datagen.render import Renderer, TokenizerFacts, load_tokenizer, model_vocab_size, tokenizer_facts
+from eagle_datagen.render import Renderer, RenderPool, TokenizerFacts, load_tokenizer, model_vocab_size, tokenizer_facts
 from eagle_datagen.server import (
     ServerFacts,
     check_server_facts,
@@ -173,8 +174,14 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
     def on_bad(exc: BadInputError) -> None:
         rejects.append({"line": exc.line, "kind": exc.kind, "message": exc.detail})
 
-    reader = PromptReader(config.prompts, on_bad=on_bad if config.skip_bad_lines else None)
+    def is_done(key: str) -> bool:
+        return all(rid in skip_ids for rid, _ in record_ids(key, config.samples_per_prompt))
+
+    reader = PromptReader(
+        config.prompts, on_bad=on_bad if config.skip_bad_lines else None, is_done=is_done if skip_ids else None
+    )
     interrupted = False
+    stack = contextlib.ExitStack()
     try:
         async with _servers(config, out) as servers:
             http, pool, server_facts, managed = servers.http, servers.pool, servers.facts, servers.managed
@@ -201,6 +208,17 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
             )
             total = max(0, identity["lines"] * config.samples_per_prompt - len(store.done))
             progress = Progress(stats, pool, total=total, enabled=config.progress)
+            if config.render_workers > 0:
+                render_pool = RenderPool(
+                    renderer,
+                    config.tokenizer,
+                    workers=config.render_workers,
+                    trust_remote_code=config.trust_remote_code,
+                )
+                stack.callback(render_pool.close)
+                chunks: Any = render_pool.render_chunks
+            else:
+                chunks = renderer.render_chunks
             producer = Producer(
                 reader,
                 lambda row: renderer.render(row, str(config.prompts)),
@@ -209,6 +227,7 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 limits=limits,
                 reject=rejects.append,
                 stats=stats,
+                render_chunks=functools.partial(chunks, path=str(config.prompts)),
             )
             pipeline = Pipeline(
                 producer=producer,
@@ -241,6 +260,7 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
         interrupted = True
         raise
     finally:
+        stack.close()
         with contextlib.suppress(DatagenError):
             store.close()
         failures.close()
@@ -256,7 +276,12 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
         with contextlib.suppress(DatagenError):
             manifest.save()
     summary = format_summary(
-        stats, reader.stats, store_total=len(store.done), out_dir=out, wall_s=time.time() - started
+        stats,
+        reader.stats,
+        store_total=len(store.done),
+        out_dir=out,
+        wall_s=time.time() - started,
+        samples=config.samples_per_prompt,
     )
     return Outcome(summary=summary, interrupted=interrupted, out_dir=out, exit_code=130 if interrupted else 0)
 

@@ -94,6 +94,11 @@ def generation_options(func: F) -> F:
             default=None,
             help="Run code shipped with the tokenizer/model (Kimi needs it).",
         ),
+        click.option(
+            "--render-workers",
+            type=click.IntRange(min=0),
+            help="Processes that render prompts (for slow tokenizers such as Kimi's tiktoken one) [0: in-process].",
+        ),
         click.option("-v", "--verbose", is_flag=True, help="Log retries and server events."),
     ]
     for option in reversed(options):

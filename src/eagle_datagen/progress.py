@@ -55,7 +55,9 @@ class Progress:
             self.bar.close()
 
 
-def format_summary(stats: Stats, read: ReadStats, *, store_total: int, out_dir: Path, wall_s: float) -> str:
+def format_summary(
+    stats: Stats, read: ReadStats, *, store_total: int, out_dir: Path, wall_s: float, samples: int = 1
+) -> str:
     """What the run did, in a few lines."""
     mean = stats.output_tokens / stats.records if stats.records else 0.0
     finish = ", ".join(f"{k} {v}" for k, v in sorted(stats.finish.items())) or "none"
@@ -65,7 +67,7 @@ def format_summary(stats: Stats, read: ReadStats, *, store_total: int, out_dir: 
         f"output tokens: {stats.output_tokens:,} (mean {mean:,.1f}, max {stats.max_output:,})",
         f"failures: {stats.failures} (see failures.jsonl); retries: {stats.retries}; requeued after a server went down: {stats.requeued}",
         f"prompt rows: {read.rows} read, {read.bad + stats.rejects} set aside (rejects.jsonl), "
-        f"{read.collapsed_duplicates} identical rows collapsed, {stats.already_done} records already done",
+        f"{read.collapsed_duplicates} identical rows collapsed, {stats.already_done + read.done_skipped * samples} records already done",
         f"wall time: {wall_s:,.1f} s ({stats.output_tokens / max(wall_s, 1e-9):,.0f} output tok/s)",
     ]
     return "\n".join(lines)

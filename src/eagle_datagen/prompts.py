@@ -15,6 +15,7 @@ collapse to one. Every problem is a :class:`BadInputError` naming the file, the 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ SHAREGPT_ROLES = {
     "assistant": "assistant",
     "tool": "tool",
 }
+_ID_PREFIX = re.compile(rb'"id"\s*:')
 SKIP_FIX = "fix the row, or pass --skip-bad-lines to set such rows aside in rejects.jsonl"
 
 
@@ -56,6 +58,7 @@ class ReadStats:
     rows: int = 0
     bad: int = 0
     collapsed_duplicates: int = 0
+    done_skipped: int = 0
 
 
 @dataclass
@@ -68,6 +71,9 @@ class PromptReader:
 
     path: Path
     on_bad: Callable[[BadInputError], None] | None = None
+    #: Resume's fast path: a row whose explicit ``id`` is already done is not validated again (the
+    #: prompts file is pinned by sha256, so it passed the first time) and not yielded.
+    is_done: Callable[[str], bool] | None = None
     stats: ReadStats = field(default_factory=ReadStats)
     _seen: dict[str, tuple[int, bool]] = field(default_factory=dict, repr=False)
 
@@ -81,6 +87,8 @@ class PromptReader:
             for line_no, raw in enumerate(handle, start=1):
                 self.stats.lines = line_no
                 if not raw.strip():
+                    continue
+                if self.is_done is not None and self._skip_done(raw, line_no):
                     continue
                 try:
                     row = parse_row(raw, name, line_no)
@@ -96,6 +104,26 @@ class PromptReader:
                 yield row
         if self.stats.rows == 0 and self.stats.bad == 0:
             raise UsageError(f"{name}: the prompts file has no rows; give a JSONL file with one object per line")
+
+    def _skip_done(self, raw: bytes, line_no: int) -> bool:
+        assert self.is_done is not None
+        match = _ID_PREFIX.search(raw[:256])
+        if match is None:
+            return False
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return False
+        value = obj.get("id") if isinstance(obj, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            return False
+        key = str(value)
+        if not self.is_done(key) or key in self._seen:
+            return False
+        self._seen[key] = (line_no, False)
+        self.stats.rows += 1
+        self.stats.done_skipped += 1
+        return True
 
     def _is_new(self, row: PromptRow) -> bool:
         """Tracks keys: a repeated explicit id is an error, a repeated hashed row collapses."""
