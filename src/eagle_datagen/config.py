@@ -12,38 +12,14 @@ from eagle_datagen.errors import UsageError
 from eagle_datagen.render import read_json_file
 
 #: ``sampling_params`` keys SGLang 0.5.x accepts on /generate; any other key is an HTTP 400.
-SGLANG_SAMPLING_KEYS = frozenset(
-    {
-        "max_new_tokens",
-        "stop",
-        "stop_token_ids",
-        "stop_regex",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "min_new_tokens",
-        "n",
-        "json_schema",
-        "regex",
-        "ebnf",
-        "structural_tag",
-        "ignore_eos",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "no_stop_trim",
-        "stream_interval",
-        "logit_bias",
-        "sampling_seed",
-        "custom_params",
-        "beam_width",
-        "watermark",
-        "choice",
-    }
-)
+SGLANG_SAMPLING_FIELDS: tuple[str, ...] = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
+    "watermark", "choice",
+)  # fmt: skip
+SGLANG_SAMPLING_KEYS = frozenset(SGLANG_SAMPLING_FIELDS)
 SGLANG_INT_KEYS = frozenset({"max_new_tokens", "top_k", "n", "min_new_tokens", "sampling_seed"})
 #: Keys that would make the stored ids something other than the model's free output.
 REFUSED_SAMPLING_KEYS = {

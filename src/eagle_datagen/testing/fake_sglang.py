@@ -36,38 +36,11 @@ from typing import Any, cast
 
 import orjson
 
-SAMPLING_KEYS: tuple[str, ...] = (
-    "max_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "stop_regex",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "min_new_tokens",
-    "n",
-    "json_schema",
-    "regex",
-    "ebnf",
-    "structural_tag",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "no_stop_trim",
-    "stream_interval",
-    "logit_bias",
-    "sampling_seed",
-    "custom_params",
-    "beam_width",
-    "watermark",
-    "choice",
-)
+from eagle_datagen.config import SGLANG_INT_KEYS, SGLANG_SAMPLING_FIELDS
+
+SAMPLING_KEYS = SGLANG_SAMPLING_FIELDS  # docs/sglang-contract.md §1.1
 _SAMPLING_KEY_SET = frozenset(SAMPLING_KEYS)
-_INT_KEYS = frozenset({"max_new_tokens", "top_k", "n", "min_new_tokens", "sampling_seed"})
+_INT_KEYS = SGLANG_INT_KEYS
 _FLOAT_KEYS = frozenset(
     {"temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"}
 )
