@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,7 @@ def run_command(options: dict[str, Any]) -> Outcome:
     """``eagle-datagen run``: a new output directory."""
     config = build_run_config(options)
     prepare_new_out_dir(config.out_dir)
-    return asyncio.run(_execute(config, options, resume=False))
+    return _run_until_stopped(_execute(config, options, resume=False), config.out_dir)
 
 
 def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
@@ -78,7 +78,16 @@ def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
     manifest = Manifest.load(out_dir)
     saved = manifest.server.get("options", {})
     config = build_run_config(merge(saved, options, {"out": out_dir}))
-    return asyncio.run(_execute(config, merge(saved, options), resume=True))
+    return _run_until_stopped(_execute(config, merge(saved, options), resume=True), out_dir)
+
+
+def _run_until_stopped(job: Coroutine[Any, Any, Outcome], out_dir: Path) -> Outcome:
+    """Runs ``job``; a second Ctrl-C (or one during start-up) cancels it, which is still a clean stop."""
+    try:
+        return asyncio.run(job)
+    except asyncio.CancelledError:
+        return Outcome(summary="stopped at once; what was written is consistent", interrupted=True,
+                       out_dir=out_dir, exit_code=130)  # fmt: skip
 
 
 def prepare_new_out_dir(out_dir: Path) -> None:
@@ -182,6 +191,7 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
     )
     interrupted = False
     stack = contextlib.ExitStack()
+    switch = stack.enter_context(_signals(config.grace_period_s))
     try:
         async with _servers(config, out) as servers:
             http, pool, server_facts, managed = servers.http, servers.pool, servers.facts, servers.managed
@@ -248,12 +258,12 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 stats=stats,
                 on_progress=progress.update,
             )
-            with _signals(pipeline, config.grace_period_s, out) as stopped:
-                try:
-                    await pipeline.run(config.grace_period_s)
-                finally:
-                    progress.close()
-            interrupted = stopped()
+            switch.pipeline = pipeline
+            try:
+                await pipeline.run(config.grace_period_s)
+            finally:
+                progress.close()
+            interrupted = switch.stopped
             if not interrupted:
                 store.finish()
     except BaseException:
@@ -368,23 +378,39 @@ def _recover_fn(
     return recover
 
 
+@dataclass
+class StopSwitch:
+    """Where SIGINT/SIGTERM go: before the pipeline exists they cancel the start-up at once (the
+    server is still stopped on the way out); then the first asks the pipeline to stop sending."""
+
+    grace_s: float
+    pipeline: Pipeline | None = None
+    hits: int = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.hits > 0
+
+
 @contextlib.contextmanager
-def _signals(pipeline: Pipeline, grace_s: float, out: Path) -> Any:
+def _signals(grace_s: float) -> Iterator[StopSwitch]:
     """First SIGINT/SIGTERM: stop sending, let requests in flight finish (up to ``grace_s``).
     Second: cancel at once; what was written stays consistent."""
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
-    hits = {"n": 0}
+    switch = StopSwitch(grace_s)
 
     def handle(signum: int) -> None:
-        hits["n"] += 1
-        if hits["n"] == 1:
+        switch.hits += 1
+        name = signal.Signals(signum).name
+        if switch.hits == 1 and switch.pipeline is not None:
             echo(
-                f"\n{signal.Signals(signum).name}: stopping; waiting up to {grace_s:.0f} s for "
-                f"{pipeline.pool.in_flight} requests in flight (press Ctrl-C again to exit at once)"
+                f"\n{name}: stopping; waiting up to {grace_s:.0f} s for {switch.pipeline.pool.in_flight} "
+                "requests in flight (press Ctrl-C again to exit at once)"
             )
-            pipeline.request_stop()
+            switch.pipeline.request_stop()
         elif main is not None:
+            echo(f"\n{name}: stopping now")
             main.cancel()
 
     installed = []
@@ -393,7 +419,7 @@ def _signals(pipeline: Pipeline, grace_s: float, out: Path) -> Any:
             loop.add_signal_handler(sig, handle, sig)
             installed.append(sig)
     try:
-        yield lambda: hits["n"] > 0
+        yield switch
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
