@@ -14,7 +14,8 @@ Modes:
 Clients (``--clients``):
 
 ``ours``             ``eagle-datagen run`` as app.py wires it (``app.run_command``, in-process in the child).
-``ours-batched``     the same, with the Producer rendering 64 rows per ``apply_chat_template`` call.
+``ours-batched``     the same as ``ours`` since app.py renders 64 rows per ``apply_chat_template`` call
+                     (the name is kept so earlier figures in docs/performance.md can be re-run).
 ``ours-prerendered`` the same, with every prompt rendered before the clock starts (render cost split out).
 ``ours-c=B``         ``ours`` with ``--concurrency B`` (no headroom over the server's max_running_requests).
 ``threadpool``       SpecForge's regenerate_train_data.py pattern: a ThreadPoolExecutor with one thread per
@@ -333,7 +334,7 @@ class Window:
 
 
 def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
-    from eagle_datagen import app, pipeline, render, transport
+    from eagle_datagen import app, render, transport
 
     window = Window()
     original_post = transport.Transport.post
@@ -391,17 +392,14 @@ def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
         Renderer.render = lookup  # type: ignore[method-assign]
     app.Renderer = Renderer  # type: ignore[misc]
-    if spec["client"] == "ours-batched":
-        if original_many is None:
-            raise SystemExit("this checkout's Renderer has no render_many")
-        prompts = spec["prompts"]
+    # app.py renders through render_many (chunks of rows); the modes above replace single-row rendering.
+    if spec["client"] in ("ours-synthetic", "ours-prerendered"):
+        one_row = Renderer.render
 
-        def producer(*args: Any, **kwargs: Any) -> Any:  # what app.py would pass (see docs/performance.md)
-            return pipeline.Producer(
-                *args, render_chunks=lambda chunks: renderers[-1].render_chunks(chunks, prompts), **kwargs
-            )
+        def many(self: Any, rows: Any, path: str = "<prompts>") -> list[Any]:
+            return [one_row(self, row, path) for row in rows]
 
-        app.Producer = producer  # type: ignore[assignment]
+        Renderer.render_many = many  # type: ignore[method-assign]
     options: dict[str, Any] = {
         "prompts": Path(spec["prompts"]),
         "out": Path(spec["out"]),

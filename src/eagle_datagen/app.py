@@ -231,13 +231,12 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 chunks = renderer.render_chunks
             producer = Producer(
                 reader,
-                lambda row: renderer.render(row, str(config.prompts)),
+                functools.partial(chunks, path=str(config.prompts)),
                 samples_per_prompt=config.samples_per_prompt,
                 skip=skip_ids.__contains__,
                 limits=limits,
                 reject=rejects.append,
                 stats=stats,
-                render_chunks=functools.partial(chunks, path=str(config.prompts)),
             )
             pipeline = Pipeline(
                 producer=producer,

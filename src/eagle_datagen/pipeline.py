@@ -95,26 +95,24 @@ def record_ids(key: str, samples_per_prompt: int) -> list[tuple[str, int]]:
 class Producer:
     """Reads and renders rows in a thread; hands batches of work items to the event loop.
 
-    Rows render one ``render`` call each, or, with ``render_chunks``, in chunks of :data:`BATCH` rows
-    (:meth:`Renderer.render_chunks`, or :meth:`RenderPool.render_chunks` for worker processes), which
-    is what keeps rendering off the critical path (docs/performance.md). Either way rows already done
-    are skipped before rendering, and a row the template rejects is set aside or stops the run.
+    Rows render in chunks of :data:`BATCH` rows (:meth:`Renderer.render_chunks`, or
+    :meth:`RenderPool.render_chunks` for worker processes), which is what keeps rendering off the
+    critical path (docs/performance.md). Rows already done are skipped before rendering, and a row the
+    template rejects is set aside or stops the run.
     """
 
     def __init__(
         self,
         reader: PromptReader,
-        render: Callable[[PromptRow], list[int]],
+        render_chunks: ChunkRenderer,
         *,
         samples_per_prompt: int,
         skip: Callable[[str], bool],
         limits: Limits,
         reject: Callable[[dict[str, Any]], None],
         stats: Stats,
-        render_chunks: ChunkRenderer | None = None,
     ) -> None:
         self.reader = reader
-        self.render = render
         self.render_chunks = render_chunks
         self.samples_per_prompt = samples_per_prompt
         self.skip = skip
@@ -156,12 +154,6 @@ class Producer:
 
     def _rendered(self) -> Iterator[list[WorkItem]]:
         """The work items of each row, in file order."""
-        if self.render_chunks is None:
-            for row in self.reader:
-                if self.stop.is_set():
-                    return
-                yield self._items(row)
-            return
         staged: deque[list[tuple[PromptRow, list[tuple[str, int]]]]] = deque()
         for results in self.render_chunks(self._chunks(staged)):
             for (row, wanted), rendered in zip(staged.popleft(), results, strict=True):
@@ -191,17 +183,6 @@ class Producer:
         wanted = [(rid, s) for rid, s in record_ids(row.key, self.samples_per_prompt) if not self.skip(rid)]
         self.stats.already_done += self.samples_per_prompt - len(wanted)
         return wanted
-
-    def _items(self, row: PromptRow) -> list[WorkItem]:
-        wanted = self._wanted(row)
-        if not wanted:
-            return []
-        try:
-            prompt_ids = self.render(row)
-        except BadInputError as exc:
-            self._bad_row(exc)
-            return []
-        return self._checked_items(row, wanted, prompt_ids)
 
     def _bad_row(self, exc: BadInputError) -> None:
         if self.reader.on_bad is None:
