@@ -334,7 +334,9 @@ class Window:
 
 
 def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
-    from eagle_datagen import app, render, transport
+    from eagle_datagen import app
+    from eagle_datagen.generate import transport
+    from eagle_datagen.inputs import render
 
     window = Window()
     original_post = transport.Transport.post
@@ -421,8 +423,8 @@ def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prerender(spec: dict[str, Any]) -> dict[str, list[int]]:
-    from eagle_datagen.prompts import PromptReader
-    from eagle_datagen.render import Renderer, load_tokenizer
+    from eagle_datagen.inputs.prompts import PromptReader
+    from eagle_datagen.inputs.render import Renderer, load_tokenizer
 
     renderer = Renderer(load_tokenizer(Path(spec["tokenizer"])))
     return {row.key: renderer.render(row) for row in PromptReader(Path(spec["prompts"]))}
@@ -444,7 +446,7 @@ def child_threadpool(spec: dict[str, Any]) -> dict[str, Any]:
 
     import httpx
 
-    from eagle_datagen.prompts import parse_row
+    from eagle_datagen.inputs.prompts import parse_row
 
     window = Window()
     url = spec["url"]
@@ -591,7 +593,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _default_concurrency(config: dict[str, Any]) -> int:
-    from eagle_datagen.server import default_concurrency
+    from eagle_datagen.server.facts import default_concurrency
 
     return default_concurrency([config.get("max_running_requests", 128)])
 

@@ -102,7 +102,7 @@ def slow_tokenizer(fast: Path, out: Path) -> Path:
 
 def rows_of(n: int, chars: int = 0) -> list[Any]:
     """``n`` parsed rows of the four shapes; with ``chars``, each user turn is padded to about that length."""
-    from eagle_datagen.prompts import parse_row
+    from eagle_datagen.inputs.prompts import parse_row
 
     filler = " ".join(f"word{k} and, {k * 7}" for k in range(chars // 14 + 1))[:chars]
     rows = []
@@ -137,7 +137,7 @@ def measure_in_process(renderer: Any, rows: list[Any], mode: str) -> tuple[float
 
 
 def measure_pool(renderer: Any, path: Path, rows: list[Any], workers: int, trust: bool) -> dict[str, Any]:
-    from eagle_datagen.render import RenderPool
+    from eagle_datagen.inputs.render import RenderPool
 
     started = time.perf_counter()
     pool = RenderPool(renderer, path, workers=workers, trust_remote_code=trust)
@@ -159,7 +159,7 @@ def measure_pool(renderer: Any, path: Path, rows: list[Any], workers: int, trust
 
 
 def bench_tokenizer(name: str, path: Path, rows: list[Any], args: argparse.Namespace) -> dict[str, Any]:
-    from eagle_datagen.render import Renderer, load_tokenizer
+    from eagle_datagen.inputs.render import Renderer, load_tokenizer
 
     trust = name == "slow"
     renderer = Renderer(load_tokenizer(path, trust_remote_code=trust))

@@ -73,8 +73,8 @@ def wait_first_request(fake: FakeServer, proc: subprocess.Popen[bytes]) -> float
 
 def write_shards(out: Path, keys: list[str], output_len: int, vocab: int, eos: int, partial: int) -> int:
     """Finalized shards + sidecars + manifest entries for all but the last ``partial`` keys; bytes written."""
-    from eagle_datagen.manifest import Manifest
-    from eagle_datagen.shards import ShardInfo, shard_name
+    from eagle_datagen.store.manifest import Manifest
+    from eagle_datagen.store.shards import ShardInfo, shard_name
 
     shards = out / "shards"
     shutil.rmtree(shards)
@@ -113,8 +113,8 @@ OPEN_CODE = """
 import json, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
-from eagle_datagen.manifest import Manifest
-from eagle_datagen.shards import ShardStore
+from eagle_datagen.store.manifest import Manifest
+from eagle_datagen.store.shards import ShardStore
 out = Path(sys.argv[1])
 known = Manifest.load(out).shard_map() if sys.argv[2] == "known" else {}
 t1 = time.perf_counter()

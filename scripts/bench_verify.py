@@ -1,7 +1,7 @@
 """Throughput of ``verify`` on a realistic run directory, in-process, on one core.
 
 Writes a run directory with Kimi-K2.5-sized ids (vocabulary 163,840; <think> 163606, </think> 163607,
-<|im_end|> 163586) through the real ShardStore and Manifest, then times ``eagle_datagen.verify.verify``
+<|im_end|> 163586) through the real ShardStore and Manifest, then times ``eagle_datagen.verify.verify.verify``
 over it (no prompt re-render: that is bounded by the chat template, not by the shard reader)::
 
     .venv/bin/python scripts/bench_verify.py                      # 20,000 records x 1,000 output ids
@@ -28,9 +28,9 @@ from typing import Any
 
 import orjson
 
-from eagle_datagen.manifest import MANIFEST_NAME, Manifest
-from eagle_datagen.shards import ShardStore
-from eagle_datagen.verify import format_report, verify
+from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
+from eagle_datagen.store.shards import ShardStore
+from eagle_datagen.verify.verify import format_report, verify
 
 VOCAB = 163_840
 THINK_OPEN, THINK_CLOSE, IM_END, EOS = 163606, 163607, 163586, 163585

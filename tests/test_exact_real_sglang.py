@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from conftest import read_records, write_jsonl
 from eagle_datagen.cli import main
-from eagle_datagen.prompts import parse_row
-from eagle_datagen.render import generation_eos_ids
+from eagle_datagen.inputs.prompts import parse_row
+from eagle_datagen.inputs.render import generation_eos_ids
 from real_sglang import SGLangServer, build_model_in_venv, hf_greedy, start_sglang_server
 
 pytestmark = pytest.mark.sglang

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import read_records, varied_rows, write_jsonl
-from eagle_datagen import shards
 from eagle_datagen.cli import main
+from eagle_datagen.store import shards
 from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
 
 

@@ -26,13 +26,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import read_records, varied_rows, write_jsonl
-from eagle_datagen import launcher
 from eagle_datagen.cli import main
 from eagle_datagen.config import LaunchConfig
 from eagle_datagen.errors import ServerError, UsageError
-from eagle_datagen.launcher import ManagedServer, check_server_args, launch_command, redact
+from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.options import build_run_config
-from eagle_datagen.prompts import PromptReader
+from eagle_datagen.server import launcher
+from eagle_datagen.server.launcher import ManagedServer, check_server_args, launch_command, redact
 from eagle_datagen.testing.fake_sglang import FakeConfig, expected_output
 
 TESTS = Path(__file__).resolve().parent
@@ -363,7 +363,7 @@ def test_the_reaper_stops_the_server_when_its_owner_is_killed(tmp_path: Path) ->
         "import asyncio, sys, httpx\n"
         "from pathlib import Path\n"
         "from eagle_datagen.config import LaunchConfig\n"
-        "from eagle_datagen.launcher import ManagedServer\n"
+        "from eagle_datagen.server.launcher import ManagedServer\n"
         "async def main():\n"
         f"    s = ManagedServer(LaunchConfig(model=Path({str(tmp_path / 'model')!r}), server_python=sys.executable),\n"
         f"                      Path({str(tmp_path / 'server.log')!r}), env={{'PYTHONPATH': {str(STANDIN)!r}}})\n"

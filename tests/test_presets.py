@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from conftest import read_records, write_jsonl
 from eagle_datagen.cli import main
-from eagle_datagen.launcher import check_server_args, launch_command
 from eagle_datagen.options import PRESET_SECTIONS, build_run_config, load_preset, merge
+from eagle_datagen.server.launcher import check_server_args, launch_command
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 STANDIN = Path(__file__).resolve().parent / "standin"

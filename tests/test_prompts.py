@@ -9,7 +9,7 @@ import pytest
 
 from conftest import write_jsonl
 from eagle_datagen.errors import BadInputError, UsageError
-from eagle_datagen.prompts import PromptReader, parse_row
+from eagle_datagen.inputs.prompts import PromptReader, parse_row
 
 
 def parse(obj: object) -> object:

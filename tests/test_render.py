@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from eagle_datagen.errors import BadInputError, UsageError
-from eagle_datagen.prompts import PromptRow
-from eagle_datagen.render import Renderer, as_token_ids, load_tokenizer, tokenizer_facts, tokenizer_fingerprint
+from eagle_datagen.inputs.prompts import PromptRow
+from eagle_datagen.inputs.render import Renderer, as_token_ids, load_tokenizer, tokenizer_facts, tokenizer_fingerprint
 
 
 def reference(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:

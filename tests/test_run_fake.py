@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from conftest import read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
-from eagle_datagen.prompts import PromptReader
-from eagle_datagen.render import Renderer, load_tokenizer
+from eagle_datagen.inputs.prompts import PromptReader
+from eagle_datagen.inputs.render import Renderer, load_tokenizer
 from eagle_datagen.testing.fake_sglang import expected_output
 
 

@@ -15,12 +15,12 @@ from click.testing import CliRunner
 
 from conftest import varied_rows, write_jsonl
 from eagle_datagen.cli import main
-from eagle_datagen.manifest import MANIFEST_NAME, Manifest, file_identity
-from eagle_datagen.pipeline import record_ids
-from eagle_datagen.prompts import PromptReader
-from eagle_datagen.render import Renderer, load_tokenizer, tokenizer_facts
-from eagle_datagen.shards import ShardStore
-from eagle_datagen.verify import (
+from eagle_datagen.generate.pipeline import record_ids
+from eagle_datagen.inputs.prompts import PromptReader
+from eagle_datagen.inputs.render import Renderer, load_tokenizer, tokenizer_facts
+from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, file_identity
+from eagle_datagen.store.shards import ShardStore
+from eagle_datagen.verify.verify import (
     Report,
     RunContext,
     _fast_ids,

@@ -22,19 +22,24 @@ from typing import Any
 import httpx
 
 from eagle_datagen import __version__
-from eagle_datagen.client import auth_headers, make_http_client
 from eagle_datagen.config import RunConfig
 from eagle_datagen.errors import BadInputError, DatagenError, ServerError, UsageError
-from eagle_datagen.launcher import ManagedServer, redact
-from eagle_datagen.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
-from eagle_datagen.manifest import MANIFEST_NAME, Manifest, check_plan, file_identity
+from eagle_datagen.generate.client import auth_headers, make_http_client
+from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
+from eagle_datagen.generate.pool import Endpoint, ServerPool
+from eagle_datagen.generate.transport import Transport
+from eagle_datagen.inputs.prompts import PromptReader
+from eagle_datagen.inputs.render import (
+    Renderer,
+    RenderPool,
+    TokenizerFacts,
+    load_tokenizer,
+    model_vocab_size,
+    tokenizer_facts,
+)
 from eagle_datagen.options import build_run_config, merge, savable
-from eagle_datagen.pipeline import Limits, Pipeline, Producer, Stats, record_ids
-from eagle_datagen.pool import Endpoint, ServerPool
 from eagle_datagen.progress import Progress, format_summary
-from eagle_datagen.prompts import PromptReader
-from eagle_datagen.render import Renderer, RenderPool, TokenizerFacts, load_tokenizer, model_vocab_size, tokenizer_facts
-from eagle_datagen.server import (
+from eagle_datagen.server.facts import (
     ServerFacts,
     check_server_facts,
     default_concurrency,
@@ -42,8 +47,10 @@ from eagle_datagen.server import (
     read_server_facts,
     wait_until_healthy,
 )
-from eagle_datagen.shards import ShardStore
-from eagle_datagen.transport import Transport
+from eagle_datagen.server.launcher import ManagedServer, redact
+from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
+from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan, file_identity
+from eagle_datagen.store.shards import ShardStore
 
 log = logging.getLogger("eagle_datagen")
 

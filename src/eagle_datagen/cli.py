@@ -271,7 +271,7 @@ def verify_shard(
       eagle-datagen verify-shard data/
       eagle-datagen verify-shard data/shards/shard_00003.jsonl --json
     """
-    from eagle_datagen.verify import verify_command
+    from eagle_datagen.verify.verify import verify_command
 
     sys.exit(
         verify_command(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_datagen.errors import UsageError
-from eagle_datagen.render import read_json_file
+from eagle_datagen.inputs.render import read_json_file
 
 #: ``sampling_params`` keys SGLang 0.5.x accepts on /generate; any other key is an HTTP 400.
 SGLANG_SAMPLING_FIELDS: tuple[str, ...] = (

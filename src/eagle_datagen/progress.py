@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle_datagen.pipeline import Stats
-from eagle_datagen.pool import ServerPool
-from eagle_datagen.prompts import ReadStats
+from eagle_datagen.generate.pipeline import Stats
+from eagle_datagen.generate.pool import ServerPool
+from eagle_datagen.inputs.prompts import ReadStats
 
 REFRESH_S = 0.5
 

@@ -1,7 +1,7 @@
 """``verify-shard``: prove, record by record, that finished shards are exact.
 
 The shards are streamed once. Per record it re-proves what the client checked before writing
-(:mod:`eagle_datagen.checks`) and what only the whole data set shows: ids unique across shards, ids
+(:mod:`eagle_datagen.record.checks`) and what only the whole data set shows: ids unique across shards, ids
 inside the vocabulary, the thinking structure, the stored prompt against a fresh render of its source
 row, and each shard against the count and sha256 the manifest recorded at finalize. A run directory
 brings its manifest (plan and tokenizer facts); bare shard files are checked against ``--tokenizer``
@@ -34,18 +34,24 @@ from typing import Any, Literal
 
 import orjson
 
-from eagle_datagen.checks import (
+from eagle_datagen.errors import BadInputError, UsageError
+from eagle_datagen.inputs.prompts import PromptRow, parse_row
+from eagle_datagen.inputs.render import (
+    Renderer,
+    load_tokenizer,
+    model_vocab_size,
+    tokenizer_facts,
+    tokenizer_fingerprint,
+)
+from eagle_datagen.record.checks import (
     PROMPT_TAIL_LEAK,
     Problem,
     completion_tokens_problem,
     finish_problem,
     prompt_tail_leak_problem,
 )
-from eagle_datagen.errors import BadInputError, UsageError
-from eagle_datagen.manifest import MANIFEST_NAME, Manifest
-from eagle_datagen.prompts import PromptRow, parse_row
-from eagle_datagen.render import Renderer, load_tokenizer, model_vocab_size, tokenizer_facts, tokenizer_fingerprint
-from eagle_datagen.shards import SHARD_RE, ShardInfo, record_id
+from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
+from eagle_datagen.store.shards import SHARD_RE, ShardInfo, record_id
 
 SHARDS_DIR = "shards"
 RENDER_BATCH = 256
@@ -882,7 +888,7 @@ def _stop_id_problem(
 
 
 def _id_key_problem(rid: str, key: str, sample: int, samples_per_prompt: int) -> str | None:
-    from eagle_datagen.pipeline import record_ids
+    from eagle_datagen.generate.pipeline import record_ids
 
     if not 0 <= sample < samples_per_prompt:
         return f"sample {sample} is outside [0, {samples_per_prompt}) (samples per prompt in the manifest)"

@@ -33,10 +33,10 @@ from typing import BinaryIO
 
 import httpx
 
-from eagle_datagen.client import is_healthy
 from eagle_datagen.config import LaunchConfig
 from eagle_datagen.errors import ServerError, UsageError
-from eagle_datagen.pool import backoff_s
+from eagle_datagen.generate.client import is_healthy
+from eagle_datagen.generate.pool import backoff_s
 
 log = logging.getLogger(__name__)
 

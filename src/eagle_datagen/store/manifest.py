@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 
 from eagle_datagen import __version__
-from eagle_datagen.durable import write_atomic
 from eagle_datagen.errors import ManifestMismatch, UsageError
-from eagle_datagen.shards import ShardInfo
+from eagle_datagen.store.durable import write_atomic
+from eagle_datagen.store.shards import ShardInfo
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = 1

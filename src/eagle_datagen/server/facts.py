@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from eagle_datagen.client import get_json, is_healthy
 from eagle_datagen.errors import ServerError
-from eagle_datagen.pool import backoff_s
+from eagle_datagen.generate.client import get_json, is_healthy
+from eagle_datagen.generate.pool import backoff_s
 
 log = logging.getLogger(__name__)
 

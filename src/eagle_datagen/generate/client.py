@@ -1,8 +1,8 @@
 """Talking to SGLang's native API: ``/generate`` with token ids, server facts, health.
 
-``/generate`` goes through :mod:`eagle_datagen.transport` (keep-alive connections, no per-request
+``/generate`` goes through :mod:`eagle_datagen.generate.transport` (keep-alive connections, no per-request
 pool scan); the other endpoints use one ``httpx.AsyncClient`` with explicit limits and timeouts.
-Every response is checked (:mod:`eagle_datagen.checks`) before it may become data.
+Every response is checked (:mod:`eagle_datagen.record.checks`) before it may become data.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import orjson
 
-from eagle_datagen.checks import response_problem
 from eagle_datagen.errors import RequestFailed, ServerError
-from eagle_datagen.transport import Transport, TransportError
+from eagle_datagen.generate.transport import Transport, TransportError
+from eagle_datagen.record.checks import response_problem
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from eagle_datagen.errors import BadInputError, UsageError
-from eagle_datagen.prompts import SKIP_FIX, Message, PromptRow
+from eagle_datagen.inputs.prompts import SKIP_FIX, Message, PromptRow
 
 #: Files whose bytes decide how a prompt renders; hashed into the tokenizer fingerprint.
 TOKENIZER_FILES = (

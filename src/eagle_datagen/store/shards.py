@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from eagle_datagen.durable import fsync_dir, write_atomic, write_error
+from eagle_datagen.store.durable import fsync_dir, write_atomic, write_error
 
 SHARD_RE = re.compile(r"^shard_(\d{5,})\.jsonl(\.partial)?$")
 #: Records start with their id (orjson keeps insertion order), so resume reads just that much.

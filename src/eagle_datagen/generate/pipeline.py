@@ -25,14 +25,14 @@ from typing import Any
 import httpx
 import orjson
 
-from eagle_datagen.client import GenerateResult, generate, is_healthy
 from eagle_datagen.errors import BadInputError, PreflightFailed, RequestFailed
-from eagle_datagen.logs import JsonlLog
-from eagle_datagen.pool import Endpoint, ServerPool, backoff_s
-from eagle_datagen.prompts import PromptReader, PromptRow
-from eagle_datagen.render import Rendered
-from eagle_datagen.shards import ShardStore
-from eagle_datagen.transport import Transport
+from eagle_datagen.generate.client import GenerateResult, generate, is_healthy
+from eagle_datagen.generate.pool import Endpoint, ServerPool, backoff_s
+from eagle_datagen.generate.transport import Transport
+from eagle_datagen.inputs.prompts import PromptReader, PromptRow
+from eagle_datagen.inputs.render import Rendered
+from eagle_datagen.store.logs import JsonlLog
+from eagle_datagen.store.shards import ShardStore
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from eagle_datagen.durable import write_error
+from eagle_datagen.store.durable import write_error
 
 FAILURES_NAME = "failures.jsonl"
 REJECTS_NAME = "rejects.jsonl"
