@@ -98,8 +98,17 @@ def varied_rows(n: int) -> list[dict[str, Any]]:
     return rows
 
 
-def read_records(out_dir: Path) -> list[dict[str, Any]]:
+#: Record fields that say when and where a record was made, not what it is (two runs differ in them).
+RUN_STAMPS = ("started", "finished", "server")
+
+
+def read_records(out_dir: Path, *, stamps: bool = False) -> list[dict[str, Any]]:
+    """Every record under ``out_dir/shards``; without the :data:`RUN_STAMPS` unless ``stamps``."""
     records = []
     for path in sorted((out_dir / "shards").glob("shard_*.jsonl*")):
         records += [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    if not stamps:
+        for record in records:
+            for name in RUN_STAMPS:
+                record.pop(name, None)
     return records

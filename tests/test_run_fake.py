@@ -190,3 +190,24 @@ def test_render_workers_give_the_same_records(tmp_path: Path, tiny_tokenizer: Pa
     result = invoke(*run_args(prompts, pooled, tiny_tokenizer, fake_server, "--render-workers", "2"))
     assert result.exit_code == 0, result.output
     assert {r["id"]: r for r in read_records(inline)} == {r["id"]: r for r in read_records(pooled)}
+
+
+def test_records_carry_wall_clock_stamps_and_their_server(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    import time
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(20))
+    out = tmp_path / "out"
+    before = time.time()
+    result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server))
+    after = time.time()
+    assert result.exit_code == 0, result.output
+    records = read_records(out, stamps=True)
+    assert len(records) == 20
+    for record in records:
+        assert before - 0.001 <= record["started"] <= record["finished"] <= after + 0.001
+        assert record["server"] == fake_server.url
+        # the data fields keep their order: the id first, then prompt_ids and output_ids (verify's fast path)
+        assert list(record)[:7] == ["id", "key", "sample", "prompt_ids", "output_ids", "finish_reason", "completion_tokens"]
+    assert "hit max_new_tokens" in result.output

@@ -59,12 +59,9 @@ def format_summary(
     stats: Stats, read: ReadStats, *, store_total: int, out_dir: Path, wall_s: float, samples: int = 1
 ) -> str:
     """What the run did, in a few lines."""
-    mean = stats.output_tokens / stats.records if stats.records else 0.0
-    finish = ", ".join(f"{k} {v}" for k, v in sorted(stats.finish.items())) or "none"
     lines = [
         f"records written: {stats.records} this pass, {store_total} in {out_dir / 'shards'}",
-        f"finish reasons: {finish}",
-        f"output tokens: {stats.output_tokens:,} (mean {mean:,.1f}, max {stats.max_output:,})",
+        *stats.tally.summary_lines(),  # the same counters `eagle-datagen stats` prints
         f"failures: {stats.failures} (see failures.jsonl); retries: {stats.retries}; requeued after a server went down: {stats.requeued}",
         f"prompt rows: {read.rows} read, {read.bad + stats.rejects} set aside (rejects.jsonl), "
         f"{read.collapsed_duplicates} identical rows collapsed, {stats.already_done + read.done_skipped * samples} records already done",

@@ -31,6 +31,7 @@ from eagle_datagen.generate.pool import Endpoint, ServerPool, backoff_s
 from eagle_datagen.generate.transport import Transport
 from eagle_datagen.inputs.prompts import PromptReader, PromptRow
 from eagle_datagen.inputs.render import Rendered
+from eagle_datagen.record.tally import Tally
 from eagle_datagen.store.logs import JsonlLog
 from eagle_datagen.store.shards import ShardStore
 
@@ -60,21 +61,32 @@ class Stats:
     """Counters for the progress bar and the summary."""
 
     started: float = field(default_factory=time.monotonic)
-    records: int = 0
     failures: int = 0
     rejects: int = 0
     already_done: int = 0
     retries: int = 0
     requeued: int = 0
-    output_tokens: int = 0
-    max_output: int = 0
-    finish: Counter[str] = field(default_factory=Counter)
+    #: records, output tokens and finish counts: the same counters ``eagle-datagen stats`` prints
+    tally: Tally = field(default_factory=Tally)
 
-    def add(self, result: GenerateResult) -> None:
-        self.records += 1
-        self.output_tokens += len(result.output_ids)
-        self.max_output = max(self.max_output, len(result.output_ids))
-        self.finish[str(result.finish_reason.get("type"))] += 1
+    def add(self, result: GenerateResult, server: str | None = None) -> None:
+        self.tally.add(len(result.output_ids), str(result.finish_reason.get("type")), server=server)
+
+    @property
+    def records(self) -> int:
+        return self.tally.records
+
+    @property
+    def output_tokens(self) -> int:
+        return self.tally.output_tokens
+
+    @property
+    def max_output(self) -> int:
+        return self.tally.max_output
+
+    @property
+    def finish(self) -> Counter[str]:
+        return self.tally.finish
 
 
 @dataclass
@@ -377,6 +389,7 @@ class Pipeline:
 
     async def _process(self, item: WorkItem) -> None:
         endpoint = await self.pool.acquire()
+        started = time.time()
         task = asyncio.create_task(
             generate(
                 self.transport,
@@ -403,7 +416,7 @@ class Pipeline:
         if exc is None:
             self.pool.succeeded(endpoint)
             try:
-                self._write(item, task.result())
+                self._write(item, task.result(), endpoint.url, started)
             except Exception as error:  # a write error (disk full) stops the run; durable data stays
                 self._finish(item)
                 self._fail_run(error)
@@ -471,7 +484,7 @@ class Pipeline:
         )
         self._finish(item)
 
-    def _write(self, item: WorkItem, result: GenerateResult) -> None:
+    def _write(self, item: WorkItem, result: GenerateResult, server: str, started: float) -> None:
         record = {
             "id": item.record_id,
             "key": item.key,
@@ -480,9 +493,13 @@ class Pipeline:
             "output_ids": result.output_ids,
             "finish_reason": result.finish_reason,
             "completion_tokens": result.completion_tokens,
+            # wall-clock stamps (Unix seconds) and the server, for `eagle-datagen stats` throughput
+            "started": round(started, 3),
+            "finished": round(time.time(), 3),
+            "server": server,
         }
         self.store.append(item.record_id, orjson.dumps(record) + b"\n")
-        self.stats.add(result)
+        self.stats.add(result, server)
         self._unsynced += 1
         if (
             self._unsynced >= self.checkpoint_records
