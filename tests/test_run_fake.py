@@ -209,5 +209,6 @@ def test_records_carry_wall_clock_stamps_and_their_server(
         assert before - 0.001 <= record["started"] <= record["finished"] <= after + 0.001
         assert record["server"] == fake_server.url
         # the data fields keep their order: the id first, then prompt_ids and output_ids (verify's fast path)
-        assert list(record)[:7] == ["id", "key", "sample", "prompt_ids", "output_ids", "finish_reason", "completion_tokens"]
+        order = ["id", "key", "sample", "prompt_ids", "output_ids", "finish_reason", "completion_tokens"]
+        assert list(record)[:7] == order
     assert "hit max_new_tokens" in result.output

@@ -47,8 +47,7 @@ class Tally:
     def finish_text(self) -> str:
         """``length 3 (7.5 %), stop 37 (92.5 %)``, or ``none``."""
         return (
-            ", ".join(f"{k} {v:,} ({100 * v / self.records:.1f} %)" for k, v in sorted(self.finish.items()))
-            or "none"
+            ", ".join(f"{k} {v:,} ({100 * v / self.records:.1f} %)" for k, v in sorted(self.finish.items())) or "none"
         )
 
     def variant_text(self) -> str | None:
