@@ -498,3 +498,27 @@ def test_a_signal_to_the_cli_leaves_no_process(
     assert cli.returncode in exit_codes, stderr.decode(errors="replace")[-3000:]
     assert_gone(pgid, timeout_s=launcher.STOP_WAIT_S + 5)
     assert live_with(str(model_dir)) == []
+
+
+def test_the_launched_server_gets_the_users_environment_unchanged(tmp_path: Path, model_dir: Path) -> None:
+    """D15: loading the tokenizer used to set HF_HUB_OFFLINE=1 and TRANSFORMERS_VERBOSITY=error in our own
+    environment, which the launched server inherited (it then could not fetch from the Hub, and its
+    transformers warnings were hidden from server.log)."""
+    dump = tmp_path / "server-env.txt"
+    server_python = tmp_path / "envdump-python.sh"
+    server_python.write_text(f"#!/bin/sh\nenv > '{dump}'\nexit 1\n")
+    server_python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_VERBOSITY")}
+    env["EAGLE_TEST_USER_VARIABLE"] = "kept as is"
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(2))
+    args = [
+        "run", "--prompts", str(prompts), "--out", str(tmp_path / "out"), "--model", str(model_dir),
+        "--server-python", str(server_python), "--tp-size", "1", "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle_datagen", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and "exited during start-up" in done.stderr, done.stderr[-2000:]
+    got = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+    assert "HF_HUB_OFFLINE" not in got and "TRANSFORMERS_VERBOSITY" not in got
+    assert got["EAGLE_TEST_USER_VARIABLE"] == "kept as is"

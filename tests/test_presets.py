@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import read_records, write_jsonl
 from eagle_datagen.cli import main
-from eagle_datagen.options import PRESET_SECTIONS, build_run_config, load_preset, merge
+from eagle_datagen.options import PRESET_SECTIONS, build_run_config, load_preset, merge, savable
 from eagle_datagen.server.launcher import check_server_args, launch_command
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -67,7 +67,12 @@ def test_a_preset_parses_and_builds_a_launch(name: str, tmp_path: Path) -> None:
 
 
 def test_presets_use_only_known_options() -> None:
-    known = set().union(*PRESET_SECTIONS.values()) | {"chat_template_kwargs", "preset_tokens", "preset_name"}
+    known = set().union(*PRESET_SECTIONS.values()) | {
+        "chat_template_kwargs",
+        "preset_tokens",
+        "preset_name",
+        "preset_sampling",
+    }
     for path in CONFIGS.glob("*.toml"):
         assert set(load_preset(path)) <= known, path
 
@@ -126,4 +131,56 @@ def test_run_with_a_preset_and_overriding_flags(
     assert manifest["plan"]["sampling_params"] == {"max_new_tokens": 16, "temperature": 0.0, "top_p": 0.95}
     assert manifest["plan"]["chat_template_kwargs"] == {"thinking": True}
     assert manifest["facts"]["preset"] == "kimi-k2.5"
+    assert manifest["facts"]["sampling_origins"] == {
+        "max_new_tokens": "flag",
+        "temperature": "flag",
+        "top_p": "preset kimi-k2.5",
+    }
     assert sorted(r["id"] for r in read_records(out)) == [f"k{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    ("toml", "names"),
+    [
+        ("[samplng]\ntemperature = 1.0\n", ["[samplng] is not a preset section", "[sampling]"]),
+        ("[chat_template_kwarg]\nthinking = false\n", ["[chat_template_kwarg]", "[chat_template_kwargs]"]),
+        ("[servr]\ntp_size = 1\n", ["[servr]", "[server]"]),
+        ("temperature = 1.0\n", ["top-level key 'temperature'", "known top-level keys: name"]),
+        ("sampling = 1\n", ["top-level key 'sampling'", "(a [sampling] section?)"]),
+        ("[tokens]\nthink_opn = 3\n", ["[tokens] think_opn is not a preset option", "think_open"]),
+        ("name = 3\n", ["name must be a string"]),
+    ],
+)
+def test_unknown_preset_sections_and_keys_are_refused_by_name(tmp_path: Path, toml: str, names: list[str]) -> None:
+    """D19: a misspelt section used to vanish without a word (the run went greedy, thinking on)."""
+    from eagle_datagen.errors import UsageError
+
+    bad = tmp_path / "typo.toml"
+    bad.write_text(f'name = "typo"\n{toml}' if not toml.startswith("name") else toml)
+    with pytest.raises(UsageError) as caught:
+        load_preset(bad)
+    message = str(caught.value)
+    assert message.startswith(f"{bad}: ")
+    for name in names:
+        assert name in message
+
+
+def test_sampling_provenance_names_the_preset_not_flags(tmp_path: Path) -> None:
+    """D19: values from a preset were recorded as "greedy + flags" although no flag was given."""
+    preset = load_preset(CONFIGS / "qwen3.toml")
+    config = build_run_config(merge(preset, base_options(tmp_path)))
+    assert config.sampling.origins == dict.fromkeys(
+        ("max_new_tokens", "temperature", "top_p", "top_k", "min_p"), "preset qwen3"
+    )
+    assert config.sampling.source == "preset qwen3"
+    # a flag equal to nothing in the preset is a flag; the rest stays the preset's, through a resume too
+    flags = merge(preset, {"top_k": 5, "sampling_params": '{"repetition_penalty": 1.1}'}, base_options(tmp_path))
+    config = build_run_config(flags)
+    assert config.sampling.origins["top_k"] == "flag" and config.sampling.origins["repetition_penalty"] == "flag"
+    assert config.sampling.origins["top_p"] == "preset qwen3"
+    resumed = build_run_config(merge(savable(flags), base_options(tmp_path)))
+    assert resumed.sampling.origins == config.sampling.origins
+    assert resumed.sampling.source == "preset qwen3 + flags"
+    plain = build_run_config(base_options(tmp_path))
+    assert plain.sampling.origins == {"max_new_tokens": "eagle-datagen default", "temperature": "eagle-datagen default"}
+    assert plain.sampling.source == "greedy"

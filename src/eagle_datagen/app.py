@@ -153,6 +153,7 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
         "think_open_id": facts.think_open_id,
         "think_close_id": facts.think_close_id,
         "sampling_source": config.sampling.source,
+        "sampling_origins": config.sampling.origins,
         "preset": config.preset,
     }
     manifest.server["options"] = savable(merge(manifest.server.get("options", {}), options))

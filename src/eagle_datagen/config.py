@@ -41,6 +41,8 @@ class SamplingConfig:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     params: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.0})
     source: str = "greedy"
+    #: Where each sent value came from (:func:`resolve_sampling`); recorded in the manifest.
+    origins: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -89,34 +91,81 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: Where a sampling value came from (``SamplingConfig.origins``); any key not sent takes SGLang's own default
+#: (and the server's ``--preferred-sampling-params``, recorded in the manifest's server facts).
+ORIGIN_DEFAULT = "eagle-datagen default"
+ORIGIN_GENERATION = "generation_config.json"
+ORIGIN_PRESET = "preset"
+ORIGIN_FLAG = "flag"
+
+
 def resolve_sampling(
     model_dir: Path | None,
     *,
     max_new_tokens: int | None,
     overrides: dict[str, Any],
     preset: dict[str, Any] | None = None,
+    preset_max_new_tokens: int | None = None,
+    preset_name: str | None = None,
 ) -> SamplingConfig:
     """Sampling for the run: generation_config.json defaults (what serving uses), else greedy;
-    then the preset, then explicit flags (``overrides``, ``None`` values ignored)."""
+    then the preset, then explicit flags (``overrides``, ``None`` values ignored).
+
+    ``origins`` names, for every key sent, where its value came from: ``flag``, ``preset NAME``,
+    ``generation_config.json`` or ``eagle-datagen default`` (greedy, 4096 new tokens)."""
     params: dict[str, Any] = {}
-    source = "greedy"
+    origins: dict[str, str] = {}
+    preset_label = f"{ORIGIN_PRESET} {preset_name}" if preset_name else ORIGIN_PRESET
     generation = read_json_file(model_dir / "generation_config.json") if model_dir else {}
     defaults = {k: generation[k] for k in GENERATION_DEFAULT_KEYS if generation.get(k) is not None}
     if generation.get("do_sample") is False:
         defaults = {}
-    if defaults:
-        params.update(defaults)
-        source = "generation_config.json"
-    if preset:
-        params.update(preset)
-        source = f"{source} + preset" if defaults else "preset"
-    explicit = {k: v for k, v in overrides.items() if v is not None}
-    if explicit:
-        params.update(explicit)
-        source += " + flags"
+    layers = (
+        (defaults, ORIGIN_GENERATION),
+        (preset or {}, preset_label),
+        ({k: v for k, v in overrides.items() if v is not None}, ORIGIN_FLAG),
+    )
+    for values, label in layers:
+        params.update(values)
+        origins.update(dict.fromkeys(values, label))
     if "temperature" not in params:
         params["temperature"] = 0.0
-    return SamplingConfig(max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS, params=params, source=source)
+        origins["temperature"] = ORIGIN_DEFAULT
+    if max_new_tokens is not None:
+        same = preset_max_new_tokens is not None and max_new_tokens == preset_max_new_tokens
+        origins = {"max_new_tokens": preset_label if same else ORIGIN_FLAG, **origins}
+    else:
+        origins = {"max_new_tokens": ORIGIN_DEFAULT, **origins}
+    return SamplingConfig(
+        max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        params=params,
+        source=describe_origins(origins, greedy=params.get("temperature") == 0),
+        origins=origins,
+    )
+
+
+def describe_origins(origins: dict[str, str], *, greedy: bool) -> str:
+    """One line for the terminal: ``greedy``, ``preset qwen3``, ``generation_config.json + flags``, ..."""
+    kinds: list[str] = []
+    for key, origin in origins.items():
+        if key == "max_new_tokens":
+            continue
+        kind = "flags" if origin == ORIGIN_FLAG else origin
+        if kind == ORIGIN_DEFAULT:
+            kind = "greedy" if greedy else kind
+        if kind not in kinds:
+            kinds.append(kind)
+    return " + ".join(kinds) or "greedy"
+
+
+def sampling_split(merged: dict[str, Any], preset: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Splits the merged sampling values into (those the preset gave, those a flag gave).
+
+    Flags override the preset, so a value equal to the preset's is the preset's; this holds on resume
+    too, where both arrive merged from the manifest."""
+    from_preset = {k: v for k, v in merged.items() if v is not None and k in preset and preset[k] == v}
+    from_flags = {k: v for k, v in merged.items() if v is not None and k not in from_preset}
+    return from_preset, from_flags
 
 
 def parse_json_object(text: str, option: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from eagle_datagen.config import (
     ServerConfig,
     parse_json_object,
     resolve_sampling,
+    sampling_split,
 )
 from eagle_datagen.errors import UsageError
 
@@ -71,30 +72,62 @@ PRESET_SECTIONS = {
     "sampling": {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "sampling_params"},
     "run": {"samples_per_prompt", "shard_size", "concurrency", "max_retries", "request_timeout_s"},
 }
+#: Tables whose keys are free (the template's own kwargs) or informational (token facts for readers).
+PRESET_FREE_TABLES = ("chat_template_kwargs",)
+PRESET_TOKEN_KEYS = frozenset({"think_open", "think_close", "think_open_in_prompt", "prompt_tail", "stop_token_ids"})
+PRESET_TOP_KEYS = frozenset({"name"})
 
 
 def load_preset(path: Path) -> dict[str, Any]:
-    """Options from a model preset TOML (``configs/*.toml``)."""
+    """Options from a model preset TOML (``configs/*.toml``); any section or key it does not know is refused.
+
+    The preset's sampling values are also kept apart (``preset_sampling``), so the manifest can say which
+    value came from the preset and which from a flag (:func:`eagle_datagen.config.resolve_sampling`).
+    """
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot read the preset {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}") from exc
+    check_preset_layout(path, data)
     options: dict[str, Any] = {}
-    for section, allowed in PRESET_SECTIONS.items():
+    for section in PRESET_SECTIONS:
         for key, value in data.get(section, {}).items():
-            if key not in allowed:
-                raise UsageError(
-                    f"{path}: [{section}] {key} is not a preset option; allowed: {', '.join(sorted(allowed))}"
-                )
             options[key] = tuple(value) if key == "server_arg" else value
     kwargs = data.get("chat_template_kwargs")
     if kwargs:
         options["chat_template_kwargs"] = dict(kwargs)
     options["preset_tokens"] = dict(data.get("tokens", {}))
     options["preset_name"] = data.get("name", path.stem)
+    options["preset_sampling"] = dict(data.get("sampling", {}))
     return options
+
+
+def check_preset_layout(path: Path, data: dict[str, Any]) -> None:
+    """Refuses unknown top-level keys, unknown sections and unknown keys, naming them and what is known."""
+    tables = (*PRESET_SECTIONS, *PRESET_FREE_TABLES, "tokens")
+    for name, value in data.items():
+        if isinstance(value, dict):
+            if name not in tables:
+                raise UsageError(
+                    f"{path}: [{name}] is not a preset section; known sections: {', '.join(f'[{t}]' for t in tables)}"
+                )
+        elif name not in PRESET_TOP_KEYS:
+            hint = f" (a [{name}] section?)" if name in tables else ""
+            raise UsageError(
+                f"{path}: top-level key {name!r} is not a preset option{hint}; known top-level keys: "
+                f"{', '.join(sorted(PRESET_TOP_KEYS))}; sections: {', '.join(f'[{t}]' for t in tables)}"
+            )
+    if "name" in data and not isinstance(data["name"], str):
+        raise UsageError(f'{path}: name must be a string, e.g. name = "{path.stem}"')
+    known_keys = {**PRESET_SECTIONS, "tokens": PRESET_TOKEN_KEYS}
+    for section, allowed in known_keys.items():
+        for key in data.get(section, {}):
+            if key not in allowed:
+                raise UsageError(
+                    f"{path}: [{section}] {key} is not a preset option; allowed: {', '.join(sorted(allowed))}"
+                )
 
 
 def merge(*layers: dict[str, Any]) -> dict[str, Any]:
@@ -135,8 +168,20 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
     if isinstance(extra, str):
         extra = parse_json_object(extra, "--sampling-params")
     overrides = {k: opts.get(k) for k in ("temperature", "top_p", "top_k", "min_p")}
+    preset_sampling = opts.get("preset_sampling") or {}
+    preset_extra = preset_sampling.get("sampling_params") or {}
+    preset_values = {
+        **(preset_extra if isinstance(preset_extra, dict) else {}),
+        **{k: preset_sampling[k] for k in overrides if k in preset_sampling},
+    }
+    from_preset, from_flags = sampling_split({**extra, **overrides}, preset_values)
     sampling = resolve_sampling(
-        model or tokenizer, max_new_tokens=opts.get("max_new_tokens"), overrides={**extra, **overrides}
+        model or tokenizer,
+        max_new_tokens=opts.get("max_new_tokens"),
+        overrides=from_flags,
+        preset=from_preset,
+        preset_max_new_tokens=preset_sampling.get("max_new_tokens"),
+        preset_name=opts.get("preset_name"),
     )
     api_key = opts.get("api_key") or os.environ.get(API_KEY_ENV) or None
     urls = tuple(u.rstrip("/") for u in opts.get("server_url") or ())

@@ -72,12 +72,17 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
         raise UsageError(
             f"tokenizer path {str(path)!r} does not exist; pass --tokenizer or --model with a local directory"
         )
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Offline and quiet through arguments, never os.environ: a launched server inherits our environment
+    # unchanged (it may need the Hub, and its transformers warnings belong in server.log).
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    if "TRANSFORMERS_VERBOSITY" not in os.environ:
+        transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(location), trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(location), trust_remote_code=trust_remote_code, local_files_only=True
+        )
     except ValueError as exc:
         if "trust_remote_code" in str(exc) and not trust_remote_code:
             raise UsageError(
