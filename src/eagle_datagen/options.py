@@ -8,6 +8,7 @@ line all speak the same language. :func:`build_run_config` turns the merged dict
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from eagle_datagen.config import (
     sampling_split,
 )
 from eagle_datagen.errors import UsageError
+from eagle_datagen.redaction import MASK, check_api_key, redact_options, redacted_args
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,7 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "preflight": True,
     "render_workers": 0,
 }
-#: Options that are never written to the manifest.
+#: Options that are never written to the manifest (nor is any secret-named one: :mod:`eagle_datagen.redaction`).
 SECRET = frozenset({"api_key"})
 #: Options that hold for one invocation only (resume does not inherit them).
 TRANSIENT = frozenset({"config", "out", "retry_failed", "progress", "preflight"})
@@ -141,7 +143,7 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
 def savable(options: dict[str, Any]) -> dict[str, Any]:
     """The options worth recording for ``resume`` (no secrets, paths made absolute)."""
     saved = {}
-    for key, value in options.items():
+    for key, value in redact_options(options).items():
         if key in SECRET or key in TRANSIENT:
             continue
         if isinstance(value, Path):
@@ -183,9 +185,10 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         preset_max_new_tokens=preset_sampling.get("max_new_tokens"),
         preset_name=opts.get("preset_name"),
     )
-    api_key = opts.get("api_key") or os.environ.get(API_KEY_ENV) or None
+    api_key = _api_key(opts)
     urls = tuple(u.rstrip("/") for u in opts.get("server_url") or ())
     launch = None
+    _check_no_masked_server_args(tuple(opts["server_arg"]), opts.get("out"))
     if not urls:
         if model is None:
             raise UsageError("give --model to launch an SGLang server, or --server-url to use running ones")
@@ -232,6 +235,27 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         render_workers=opts["render_workers"],
         preset=opts.get("preset_name"),
     )
+
+
+def _api_key(opts: dict[str, Any]) -> str | None:
+    """``--api-key``, else ``EAGLE_DATAGEN_API_KEY``; refused when a header cannot carry it."""
+    if opts.get("api_key"):
+        return check_api_key(str(opts["api_key"]), "--api-key")
+    if os.environ.get(API_KEY_ENV):
+        return check_api_key(os.environ[API_KEY_ENV], f"the {API_KEY_ENV} environment variable")
+    return None
+
+
+def _check_no_masked_server_args(args: tuple[str, ...], out: Any) -> None:
+    """A ``--server-arg`` secret saved as ``***`` (manifest.json never holds one) must be given again."""
+    hidden = redacted_args(args)
+    if hidden:
+        shown = [a.replace(f"={MASK}", "=VALUE") if "=" in a else ("VALUE" if a == MASK else a) for a in args]
+        again = " ".join(shlex.quote(f"--server-arg={a}") for a in shown)
+        raise UsageError(
+            f"the value of --server-arg {', '.join(hidden)} is a secret, and manifest.json does not keep secrets; "
+            f"give the server args again, all of them: eagle-datagen resume --out {shlex.quote(str(out))} {again}"
+        )
 
 
 def _path(opts: dict[str, Any], name: str) -> Path:

@@ -19,6 +19,7 @@ import orjson
 from eagle_datagen.errors import RequestFailed, ServerError
 from eagle_datagen.generate.transport import Transport, TransportError
 from eagle_datagen.record.checks import response_problem
+from eagle_datagen.redaction import MASK
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,18 @@ def parse_generate_response(
     )
 
 
+def without_secrets(text: str, http: httpx.AsyncClient) -> str:
+    """``text`` (an exception's message) with the client's Authorization value hidden, in any quoting."""
+    auth = http.headers.get("authorization")
+    if not auth:
+        return text
+    key = auth.partition(" ")[2] or auth
+    for secret in (auth, key):
+        for form in (secret, repr(secret)[1:-1], repr(secret.encode())[2:-1]):
+            text = text.replace(form, MASK)
+    return text
+
+
 async def get_json(http: httpx.AsyncClient, base_url: str, *paths: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """GET the first of ``paths`` that answers 200 with a JSON object (new name, then deprecated alias)."""
     last = "no path given"
@@ -148,7 +161,7 @@ async def get_json(http: httpx.AsyncClient, base_url: str, *paths: str, timeout_
         try:
             response = await http.get(f"{base_url}{path}", timeout=timeout_s)
         except httpx.HTTPError as exc:
-            last = f"{path}: {type(exc).__name__}: {exc}"
+            last = f"{path}: {without_secrets(f'{type(exc).__name__}: {exc}', http)}"
             continue
         if response.status_code == 200:
             try:

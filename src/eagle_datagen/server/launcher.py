@@ -37,6 +37,7 @@ from eagle_datagen.config import LaunchConfig
 from eagle_datagen.errors import ServerError, UsageError
 from eagle_datagen.generate.client import is_healthy
 from eagle_datagen.generate.pool import backoff_s
+from eagle_datagen.redaction import redact as redact  # re-exported: the launch command is shown redacted
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ OWN_FLAGS = {
     "--mem-fraction-static": "--mem-fraction-static",
     "--trust-remote-code": "--trust-remote-code",
 }
-SECRET_FLAGS = ("--api-key", "--admin-api-key")
 REASONING_PARSER = "--reasoning-parser"
 
 #: Run as ``python -I -c REAPER_CODE READ_FD PGID WAIT_S``, in its own session.
@@ -180,18 +180,6 @@ def launch_command(config: LaunchConfig, port: int, api_key: str | None) -> list
     if api_key:
         command += ["--api-key", api_key]
     return command + list(config.server_args)
-
-
-def redact(command: list[str]) -> list[str]:
-    """The command with API keys hidden, for logs and the manifest."""
-    out = list(command)
-    for i, arg in enumerate(out):
-        name, eq, _ = arg.partition("=")
-        if name in SECRET_FLAGS and eq:
-            out[i] = f"{name}=***"
-        elif i > 0 and out[i - 1] in SECRET_FLAGS:
-            out[i] = "***"
-    return out
 
 
 def describe_exit(code: int | None) -> str:
