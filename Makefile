@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup sglang demo test check lint unit
+.PHONY: setup sglang demo test check lint unit browser
 setup: $(VENV)/.stamp
 
 $(VENV)/.stamp: pyproject.toml
@@ -28,5 +28,13 @@ lint: setup
 unit: setup
 	$(BIN)/python -m pytest -m "not sglang and not slow" -q
 
-test: setup sglang lint
+# A headless Chromium for the test that opens `stats --html` in a real browser (Debian's package; needs
+# root). Best effort: without it that one test is skipped with the reason.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null 2>&1 \
+	    && echo "installed chromium"; } || echo "chromium not installed: the browser test will be skipped"
+
+test: setup sglang lint browser
 	$(BIN)/python -m pytest -q

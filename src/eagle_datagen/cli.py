@@ -285,6 +285,30 @@ def verify_shard(
     )
 
 
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report for machines.")
+@click.option("--html", type=click.Path(dir_okay=False, path_type=Path), help="Write one self-contained HTML page.")
+@click.option("--plots", type=click.Path(file_okay=False, path_type=Path), help="Write PNG plots into this folder.")
+@click.option(
+    "--tokenizer", type=click.Path(path_type=Path), help="Tokenizer files for tool-call ids [the manifest's]."
+)
+@handle_errors
+def stats(directory: Path, as_json: bool, html: Path | None, plots: Path | None, tokenizer: Path | None) -> None:
+    """What a run's data holds: lengths, finish reasons, reasoning, coverage, throughput.
+
+    One streaming pass over DIRECTORY/shards (a live run: finished lines only). --plots and --html need
+    matplotlib: pip install 'eagle-datagen[plots]'.
+
+    \b
+      eagle-datagen stats data/
+      eagle-datagen stats data/ --plots plots/ --html report.html
+    """
+    from eagle_datagen.report.stats import stats_command
+
+    sys.exit(stats_command(directory, as_json=as_json, html=html, plots=plots, tokenizer=tokenizer))
+
+
 def _finish(outcome: Any) -> None:
     click.echo(outcome.summary, err=True)
     if outcome.interrupted:
