@@ -90,7 +90,7 @@ def test_4xx_other_than_auth_is_recorded_not_retried(tmp_path: Path, tiny_tokeni
     with FakeSGLangServer(clean_config(hf_tokenizer, context_length=40)) as server:
         result = invoke(*run_args(prompts, tmp_path / "out", tiny_tokenizer, server.url, "--no-preflight"))
         assert server.stats()["generate_received"] == 1
-    assert result.exit_code == 0
+    assert result.exit_code == 3
     (failure,) = [orjson.loads(x) for x in (tmp_path / "out" / "failures.jsonl").read_bytes().splitlines()]
     assert failure["kind"] == "http_400"
 

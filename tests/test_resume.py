@@ -131,12 +131,14 @@ def read_records_tolerant(out: Path) -> list[dict[str, Any]]:
     return records
 
 
-def small_run(tmp_path: Path, tokenizer: Path, url: str, n: int = 20, *extra: str) -> tuple[Path, Path]:
+def small_run(
+    tmp_path: Path, tokenizer: Path, url: str, n: int = 20, *extra: str, code: int = 0
+) -> tuple[Path, Path]:
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(n))
     out = tmp_path / "out"
     result = invoke("run", "--prompts", str(prompts), "--tokenizer", str(tokenizer), "--server-url", url,
                     "--out", str(out), "--no-progress", "--shard-size", "7", *extra)  # fmt: skip
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == code, result.output
     return prompts, out
 
 
@@ -168,7 +170,7 @@ def test_resume_of_a_finished_run_sends_nothing(tmp_path: Path, tiny_tokenizer: 
     result = invoke("resume", "--out", str(out), "--no-preflight")
     assert result.exit_code == 0, result.output
     assert fake_server.stats()["generate_received"] == before
-    assert "20 records already done" in result.output
+    assert "nothing to do: all 20 records are in" in result.output
 
 
 def test_resume_refuses_a_changed_prompts_file(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
@@ -225,11 +227,12 @@ def test_resume_may_change_server_and_speed_options(tmp_path: Path, tiny_tokeniz
 
 def test_failed_rows_are_retried_unless_kept_aside(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
     fake_server.update_config(drop_stop_token=1.0)
-    _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url, 6, "--no-preflight")
+    _, out = small_run(tmp_path, tiny_tokenizer, fake_server.url, 6, "--no-preflight", code=3)
     assert read_records(out) == []
     fake_server.update_config(drop_stop_token=0.0)
     kept = invoke("resume", "--out", str(out), "--no-retry-failed")
-    assert kept.exit_code == 0 and read_records(out) == []
+    assert kept.exit_code == 3 and read_records(out) == []
+    assert "finished with 6 failed record(s) (check_stop_token 6)" in kept.output
     retried = invoke("resume", "--out", str(out))
     assert retried.exit_code == 0, retried.output
     assert len(read_records(out)) == 6

@@ -110,7 +110,7 @@ def test_a_bad_row_stops_the_run_with_file_line_and_fix(tmp_path: Path, tiny_tok
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(b'{"prompt": "x"}\n{"messages": "nope"}\n')
     result = invoke(*run_args(prompts, tmp_path / "out", tiny_tokenizer, fake_server))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"{prompts}:2: 'messages' must be a list" in result.output
     assert "--skip-bad-lines" in result.output
 
@@ -153,7 +153,7 @@ def test_responses_failing_a_check_are_never_data(
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}])
     out = tmp_path / "out"
     result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server, "--no-preflight"))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output
     assert read_records(out) == []
     failures = [orjson.loads(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
     assert sorted(f["id"] for f in failures) == ["a", "b"] and {f["kind"] for f in failures} == {kind}
@@ -177,7 +177,7 @@ def test_a_400_is_recorded_with_sglangs_message_and_not_retried(
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "x"}])
     out = tmp_path / "out"
     result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server, "--no-preflight", "--max-new-tokens", "100"))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output
     (failure,) = [orjson.loads(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
     assert failure["kind"] == "http_400" and failure["attempts"] == 1
     assert "context length" in failure["message"]

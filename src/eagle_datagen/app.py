@@ -11,10 +11,12 @@ import contextlib
 import functools
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from eagle_datagen.inputs.render import (
     tokenizer_facts,
 )
 from eagle_datagen.options import build_run_config, merge, savable
-from eagle_datagen.progress import Progress, format_summary
+from eagle_datagen.progress import Progress, format_failures, format_summary
 from eagle_datagen.server.facts import (
     ServerFacts,
     check_server_facts,
@@ -59,6 +61,16 @@ OUTAGE_GIVE_UP_S = 3600.0
 SHARDS_DIR = "shards"
 
 
+#: Exit codes of ``run`` and ``resume`` (README, "Exit codes"). Misuse (2) comes from :class:`UsageError`,
+#: :class:`ManifestMismatch` and :class:`BadInputError`; a runtime failure (1) from any other error.
+EXIT_DONE = 0
+EXIT_FAILURE = 1
+EXIT_FAILED_REQUESTS = 3
+EXIT_INTERRUPTED = 130
+#: Server options: one given to ``resume`` replaces the saved server choice as a whole.
+SERVER_CHOICE = ("server_url", "model")
+
+
 @dataclass
 class Outcome:
     """How a run ended, for the exit code and the last lines printed."""
@@ -66,35 +78,102 @@ class Outcome:
     summary: str
     interrupted: bool
     out_dir: Path
-    exit_code: int = 0
+    exit_code: int = EXIT_DONE
+
+
+@dataclass(frozen=True)
+class PromptScan:
+    """The whole prompts file, read and validated before anything is sent (no row is kept)."""
+
+    rows: int
+    bad: int
+    #: Records still to generate (rows × samples, less those already done or kept aside).
+    todo: int
 
 
 def echo(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def resume_hint(out_dir: Path) -> str:
+    """The command that continues the run in ``out_dir``, as the user can paste it."""
+    return f"eagle-datagen resume --out {shlex.quote(str(out_dir))}"
+
+
 def run_command(options: dict[str, Any]) -> Outcome:
-    """``eagle-datagen run``: a new output directory."""
+    """``eagle-datagen run``: a new output directory.
+
+    The prompts file is validated before anything is written (the directory stays empty), so after a
+    bad row the same command (with the row fixed, or with ``--skip-bad-lines``) works as it is."""
     config = build_run_config(options)
     prepare_new_out_dir(config.out_dir)
-    return _run_until_stopped(_execute(config, options, resume=False), config.out_dir)
+    scan = scan_prompts(config, frozenset())
+    return _run_until_stopped(_execute(config, options, resume=False, scan=scan), config.out_dir)
 
 
 def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
-    """``eagle-datagen resume``: the manifest's options, overridden by explicit ones."""
+    """``eagle-datagen resume``: the manifest's options, overridden by explicit ones.
+
+    A server choice given now (``--model`` or ``--server-url``) replaces the saved one: ``--model``
+    alone drops the saved ``--server-url`` list, so the server is launched here."""
     manifest = Manifest.load(out_dir)
-    saved = manifest.server.get("options", {})
-    config = build_run_config(merge(saved, options, {"out": out_dir}))
-    return _run_until_stopped(_execute(config, merge(saved, options), resume=True), out_dir)
+    saved = dict(manifest.server.get("options", {}))
+    if "model" in options and "server_url" not in options and saved.pop("server_url", None):
+        echo("  --model given: launching a server instead of the saved --server-url")
+    effective = merge(saved, options)
+    config = build_run_config(merge(effective, {"out": out_dir}))
+    return _run_until_stopped(_execute(config, effective, resume=True), out_dir)
 
 
 def _run_until_stopped(job: Coroutine[Any, Any, Outcome], out_dir: Path) -> Outcome:
-    """Runs ``job``; a second Ctrl-C (or one during start-up) cancels it, which is still a clean stop."""
+    """Runs ``job``; a second Ctrl-C (or one during start-up) cancels it, which is still a clean stop.
+
+    A runtime error raised once the directory holds a manifest carries the command that continues."""
     try:
         return asyncio.run(job)
     except asyncio.CancelledError:
         return Outcome(summary="stopped at once; what was written is consistent", interrupted=True,
-                       out_dir=out_dir, exit_code=130)  # fmt: skip
+                       out_dir=out_dir, exit_code=EXIT_INTERRUPTED)  # fmt: skip
+    except DatagenError as exc:
+        if exc.exit_code == EXIT_FAILURE and (out_dir / MANIFEST_NAME).is_file():
+            exc.continue_with = resume_hint(out_dir)
+        raise
+
+
+def scan_prompts(config: RunConfig, skip_ids: Collection[str]) -> PromptScan:
+    """Reads and validates every row before the first request (the file is read for its sha256
+    anyway), so a bad row late in the file costs no work in flight. Rows are not kept: only their
+    keys, as the run's own reader does. With ``--skip-bad-lines`` bad rows are counted here and set
+    aside (rejects.jsonl) by the run."""
+    if not config.prompts.is_file():
+        raise UsageError(f"--prompts {config.prompts} does not exist or is not a file")
+    n = config.samples_per_prompt
+
+    def is_done(key: str) -> bool:
+        return all(rid in skip_ids for rid, _ in record_ids(key, n))
+
+    reader = PromptReader(
+        config.prompts,
+        on_bad=(lambda exc: None) if config.skip_bad_lines else None,
+        is_done=is_done if skip_ids else None,
+    )
+    todo = 0
+    for row in reader:
+        todo += sum(1 for rid, _ in record_ids(row.key, n) if rid not in skip_ids)
+    return PromptScan(rows=reader.stats.rows, bad=reader.stats.bad, todo=todo)
+
+
+def bad_row_advice(exc: BadInputError, out_dir: Path) -> BadInputError:
+    """A bad row found once ``out_dir`` holds the run: the prompts file is pinned by its sha256, so
+    fixing the row cannot continue this run; setting it aside can."""
+    return BadInputError(
+        exc.path,
+        exc.line,
+        exc.kind,
+        exc.detail,
+        f"set such rows aside (rejects.jsonl) and continue: {resume_hint(out_dir)} --skip-bad-lines; "
+        "or fix the row and start a new run with a new --out (the prompts file is pinned by its sha256)",
+    )
 
 
 def prepare_new_out_dir(out_dir: Path) -> None:
@@ -129,7 +208,9 @@ def build_plan(config: RunConfig, facts: TokenizerFacts, prompts_identity: dict[
     }
 
 
-async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) -> Outcome:
+async def _execute(
+    config: RunConfig, options: dict[str, Any], *, resume: bool, scan: PromptScan | None = None
+) -> Outcome:
     out = config.out_dir
     if not config.prompts.is_file():
         raise UsageError(f"--prompts {config.prompts} does not exist or is not a file")
@@ -156,12 +237,17 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
         "sampling_origins": config.sampling.origins,
         "preset": config.preset,
     }
-    manifest.server["options"] = savable(merge(manifest.server.get("options", {}), options))
+    manifest.server["options"] = savable(options)
     manifest.save()
 
     echo(f"eagle-datagen {__version__}: {'resuming' if resume else 'writing'} {out}")
     echo(f"  sampling ({config.sampling.source}): {config.sampling.to_request()}")
     echo(f"  chat template kwargs: {config.chat_template_kwargs or '{}'}; stop ids: {stop_ids}")
+    if config.samples_per_prompt > 1 and is_greedy(config.sampling.params):
+        echo(
+            f"  warning: --samples-per-prompt {config.samples_per_prompt} with greedy sampling: the samples of a "
+            "prompt will be (nearly) identical; set --temperature > 0 (and --top-k other than 1) for distinct ones"
+        )
 
     store = ShardStore(out / SHARDS_DIR, config.shard_size, manifest.add_shard)
     report = store.open(manifest.shard_map())
@@ -180,9 +266,16 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
     if resume and failed_ids - store.done:
         verb = "retrying" if config.retry_failed else "keeping aside (--no-retry-failed)"
         echo(f"  {verb} {len(failed_ids - store.done)} failed requests")
+    skip_ids = store.done if config.retry_failed else store.done | failed_ids
+    if scan is None:
+        try:
+            scan = scan_prompts(config, skip_ids)
+        except BadInputError as exc:
+            raise bad_row_advice(exc, out) from exc
+    if resume and scan.todo == 0:
+        return _nothing_to_do(store, out)
     failures = JsonlLog(out / FAILURES_NAME)
     rejects = JsonlLog(out / REJECTS_NAME, truncate=True)
-    skip_ids = store.done if config.retry_failed else store.done | failed_ids
     stats = Stats()
     started = time.time()
     run_entry: dict[str, Any] = {"command": "resume" if resume else "run", "started": _utc(started)}
@@ -224,8 +317,7 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 f"concurrency {concurrency}"
                 + ("" if config.concurrency else " (from the servers' max_running_requests)")
             )
-            total = max(0, identity["lines"] * config.samples_per_prompt - len(store.done))
-            progress = Progress(stats, pool, total=total, enabled=config.progress)
+            progress = Progress(stats, pool, total=scan.todo, enabled=config.progress)
             if config.render_workers > 0:
                 render_pool = RenderPool(
                     renderer,
@@ -264,10 +356,13 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
                 preflight=config.server.preflight,
                 stats=stats,
                 on_progress=progress.update,
+                resume_hint=resume_hint(out),
             )
             switch.pipeline = pipeline
             try:
                 await pipeline.run(config.grace_period_s)
+            except BadInputError as exc:  # a row the chat template rejects (the scan cannot render)
+                raise bad_row_advice(exc, out) from exc
             finally:
                 progress.close()
             interrupted = switch.stopped
@@ -292,6 +387,7 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
         )
         with contextlib.suppress(DatagenError):
             manifest.save()
+    unresolved = failed_requests(out, store.done)
     summary = format_summary(
         stats,
         reader.stats,
@@ -299,8 +395,43 @@ async def _execute(config: RunConfig, options: dict[str, Any], *, resume: bool) 
         out_dir=out,
         wall_s=time.time() - started,
         samples=config.samples_per_prompt,
+        unresolved=unresolved,
     )
-    return Outcome(summary=summary, interrupted=interrupted, out_dir=out, exit_code=130 if interrupted else 0)
+    code = EXIT_INTERRUPTED if interrupted else EXIT_FAILED_REQUESTS if unresolved else EXIT_DONE
+    return Outcome(summary=summary, interrupted=interrupted, out_dir=out, exit_code=code)
+
+
+def is_greedy(params: dict[str, Any]) -> bool:
+    """Sampling that gives one output per prompt: temperature 0, or top_k 1."""
+    return params.get("temperature") == 0 or params.get("top_k") == 1
+
+
+def failed_requests(out: Path, done: Collection[str]) -> Counter[str]:
+    """Failure kinds of the records that failed and are not written (the last entry of each id)."""
+    last: dict[str, str] = {}
+    for entry in read_entries(out / FAILURES_NAME):
+        rid = entry.get("id")
+        if isinstance(rid, str) and rid not in done:
+            last[rid] = str(entry.get("kind"))
+    return Counter(last.values())
+
+
+def _nothing_to_do(store: ShardStore, out: Path) -> Outcome:
+    """A resume with no record left to generate: no server is started or needed."""
+    try:
+        store.finish()
+    finally:
+        store.close()
+    unresolved = failed_requests(out, store.done)
+    lines = [f"nothing to do: all {len(store.done)} records are in {out / SHARDS_DIR}; no server was needed"]
+    if unresolved:
+        lines.append(format_failures(unresolved, out, kept_aside=True))
+    return Outcome(
+        summary="\n".join(lines),
+        interrupted=False,
+        out_dir=out,
+        exit_code=EXIT_FAILED_REQUESTS if unresolved else EXIT_DONE,
+    )
 
 
 def _utc(t: float) -> str:

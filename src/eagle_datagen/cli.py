@@ -161,10 +161,20 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except DatagenError as exc:
             click.echo(f"Error: {exc}", err=True)
+            if exc.continue_with:
+                click.echo(f"Continue with:\n  {exc.continue_with}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug: one line, exit 1 (the traceback with -v / --verbose)
+            logging.getLogger("eagle_datagen").info("unexpected error", exc_info=True)
+            click.echo(
+                f"Error: unexpected {type(exc).__name__}: {exc} (a bug; run with -v for the traceback)", err=True
+            )
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -180,6 +190,11 @@ def main() -> None:
 
     Prompts are rendered on this machine with the model's own chat template, sent as token ids to
     SGLang's native /generate, and stored as prompt_ids + output_ids exactly as returned.
+
+    \b
+    Exit codes of run and resume: 0 all done; 3 finished, but some requests failed (failures.jsonl;
+    resume sends them again); 1 runtime failure; 2 misuse (bad flags, a bad prompt row, a changed
+    plan on resume); 130 interrupted (resume continues).
     """
 
 

@@ -2,7 +2,7 @@
 
 DatagenError                      fatal: the run stops (exit 1), what is durable stays durable
 ├── UsageError                    bad arguments or configuration, found before any work (exit 2)
-├── BadInputError                 a prompt row that cannot be used; names file:line and the fix
+├── BadInputError                 a prompt row that cannot be used; names file:line and the fix (exit 2)
 ├── ManifestMismatch              resume asked for a plan that differs from the pinned one (exit 2)
 ├── ServerError                   the server cannot be started, reached or trusted
 │   └── PreflightFailed           the first checked request failed: nothing real was sent
@@ -19,6 +19,8 @@ class DatagenError(Exception):
     """A fatal error; the message says what happened and what to do."""
 
     exit_code = 1
+    #: The command that continues the run, once its directory holds a manifest (the CLI prints it).
+    continue_with: str | None = None
 
 
 class UsageError(DatagenError):
@@ -33,6 +35,8 @@ class BadInputError(DatagenError):
     ``kind`` is a short machine-readable reason (``invalid_json``, ``unknown_role``, ...), used for
     rejects.jsonl and for counting.
     """
+
+    exit_code = 2
 
     def __init__(self, path: str, line: int, kind: str, detail: str, fix: str) -> None:
         self.path = path

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,6 @@ from eagle_datagen.config import (
 )
 from eagle_datagen.errors import UsageError
 from eagle_datagen.redaction import MASK, check_api_key, redact_options, redacted_args
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 API_KEY_ENV = "EAGLE_DATAGEN_API_KEY"
 

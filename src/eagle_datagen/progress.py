@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from eagle_datagen.generate.pipeline import Stats
 from eagle_datagen.generate.pool import ServerPool
 from eagle_datagen.inputs.prompts import ReadStats
+from eagle_datagen.store.logs import FAILURES_NAME
 
 REFRESH_S = 0.5
 
@@ -56,9 +59,16 @@ class Progress:
 
 
 def format_summary(
-    stats: Stats, read: ReadStats, *, store_total: int, out_dir: Path, wall_s: float, samples: int = 1
+    stats: Stats,
+    read: ReadStats,
+    *,
+    store_total: int,
+    out_dir: Path,
+    wall_s: float,
+    samples: int = 1,
+    unresolved: Counter[str] | None = None,
 ) -> str:
-    """What the run did, in a few lines."""
+    """What the run did, in a few lines; the last says how many requests failed and where, if any did."""
     lines = [
         f"records written: {stats.records} this pass, {store_total} in {out_dir / 'shards'}",
         *stats.tally.summary_lines(),  # the same counters `eagle-datagen stats` prints
@@ -67,4 +77,19 @@ def format_summary(
         f"{read.collapsed_duplicates} identical rows collapsed, {stats.already_done + read.done_skipped * samples} records already done",
         f"wall time: {wall_s:,.1f} s ({stats.output_tokens / max(wall_s, 1e-9):,.0f} output tok/s)",
     ]
+    if unresolved:
+        lines.append(format_failures(unresolved, out_dir))
     return "\n".join(lines)
+
+
+def format_failures(unresolved: Counter[str], out_dir: Path, *, kept_aside: bool = False) -> str:
+    """The line behind exit code 3: how many records failed, of which kinds, where, and what sends them again."""
+    kinds = ", ".join(f"{kind} {n}" for kind, n in unresolved.most_common())
+    total = sum(unresolved.values())
+    again = shlex.quote(str(out_dir))
+    how = (
+        f"eagle-datagen resume --out {again} --retry-failed sends them again"
+        if kept_aside
+        else f"eagle-datagen resume --out {again} sends them again"
+    )
+    return f"finished with {total} failed record(s) ({kinds}): see {out_dir / FAILURES_NAME}; {how} (exit code 3)"

@@ -7,7 +7,6 @@ Every response is checked (:mod:`eagle_datagen.record.checks`) before it may bec
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -82,7 +81,7 @@ async def generate(
     started = time.monotonic()
     try:
         response = await transport.post(base_url, "/generate", body, timeout_s)
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         raise RequestFailed("timeout", f"no response from {base_url} in {timeout_s:.0f} s", retryable=True) from exc
     except TransportError as exc:
         raise RequestFailed("connection", str(exc), retryable=True) from exc

@@ -1,10 +1,11 @@
 """The fan-out: prompts → rendered work items → /generate on the pool → shards.
 
 A producer thread reads and renders rows ahead of dispatch through a bounded queue, so memory stays
-flat whatever the file size and the first request leaves within seconds. ``concurrency`` worker
-coroutines each keep one request in flight. Transient failures are retried with backoff; requests
-cut off by a server going down are requeued without being charged. Nothing reaches a shard unless
-it passed the response checks.
+flat whatever the file size and the first request leaves within seconds. Each work item is a task of
+one :class:`asyncio.TaskGroup` (at most ``2 × concurrency`` alive, ``concurrency`` requests in flight),
+so every item ends exactly once and no exception dies unobserved. Transient failures are retried
+with backoff; requests cut off by a server going down are requeued without being charged. Nothing
+reaches a shard unless it passed the response checks.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import httpx
 import orjson
 
-from eagle_datagen.errors import BadInputError, PreflightFailed, RequestFailed
+from eagle_datagen.errors import BadInputError, OutputWriteError, PreflightFailed, RequestFailed
 from eagle_datagen.generate.client import GenerateResult, generate, is_healthy
 from eagle_datagen.generate.pool import Endpoint, ServerPool, backoff_s
 from eagle_datagen.generate.transport import Transport
@@ -233,7 +234,16 @@ class Producer:
 
 
 class Pipeline:
-    """Runs every work item to a record or a recorded failure, or stops cleanly when asked."""
+    """Runs every work item to a record or a recorded failure, or stops cleanly when asked.
+
+    Every task the run starts belongs to one :class:`asyncio.TaskGroup`: the feeder (which hands
+    rendered items out and sends the preflight), one task per work item (bounded by
+    ``2 × concurrency`` items and ``concurrency`` requests in flight) and the monitor. :meth:`run`
+    cannot return while any of them is alive, and none can die unobserved: an item ends exactly once
+    (its ``finally``), and any exception in the feeder, an item or the monitor becomes the run's
+    fatal error, which stops dispatch, lets the requests in flight finish (up to ``grace_s``; at
+    once for a write error) and is raised by :meth:`run`.
+    """
 
     def __init__(
         self,
@@ -255,6 +265,7 @@ class Pipeline:
         preflight: bool,
         stats: Stats,
         on_progress: Callable[[], None] = lambda: None,
+        resume_hint: str = "eagle-datagen resume",
     ) -> None:
         self.producer = producer
         self.pool = pool
@@ -273,70 +284,111 @@ class Pipeline:
         self.preflight = preflight
         self.stats = stats
         self.on_progress = on_progress
+        self.resume_hint = resume_hint
         self.stopping = asyncio.Event()
-        self.work: asyncio.Queue[WorkItem | None] = asyncio.Queue()
-        self._slots = asyncio.Semaphore(concurrency * 2)
-        self._outstanding = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.fatal: BaseException | None = None
+        self._items_ahead = asyncio.Semaphore(concurrency * 2)
+        self._requests = asyncio.Semaphore(concurrency)
+        self._items: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Task[Any]] = set()
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._feeder: asyncio.Task[None] | None = None
+        self._grace_s = 0.0
+        self._grace_timer: asyncio.TimerHandle | None = None
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self._session = secrets.token_hex(4)
         self._counter = 0
-        self._timers: set[asyncio.TimerHandle] = set()
-        self.fatal: BaseException | None = None
 
     def request_stop(self) -> None:
-        """Stop sending; requests in flight may finish (the caller bounds how long)."""
+        """Stop sending; requests in flight may finish within the grace period of :meth:`run`.
+
+        Items not in flight (waiting for a slot, a server or a retry backoff) end at once, unsent
+        (``resume`` sends them); so does the preflight.
+        """
+        if self.stopping.is_set():
+            return
         self.stopping.set()
         self.producer.stop.set()
-        self._slots.release()  # wake the feeder if it waits for a free slot; it re-checks the flag
+        current = asyncio.current_task()
+        if self._feeder is not None and self._feeder is not current:
+            self._feeder.cancel()
+        for task in self._items - self._sending:
+            if task is not current:
+                task.cancel()
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing is in flight
+            self._grace_timer = asyncio.get_running_loop().call_later(self._grace_s, self._cancel_in_flight)
+
+    def _cancel_in_flight(self) -> None:
+        """The grace period is over (or nothing more can be written): abandon what is in flight."""
+        current = asyncio.current_task()
+        for task in list(self._items):
+            if task is not current:
+                task.cancel()
 
     async def run(self, grace_s: float) -> None:
         """Runs to the end of the prompts, or until :meth:`request_stop` (then waits up to ``grace_s``
-        for requests in flight). Shards are durable when this returns or raises."""
+        for requests in flight). Raises the run's fatal error, if any, once everything it started has
+        ended. Shards are checkpointed when this returns or raises."""
+        self._grace_s = grace_s
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagle-datagen-feed")
-        workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
-        monitor = asyncio.create_task(self._monitor())
         try:
-            self.producer.start()
-            await self._feed(executor)
-            if self.stopping.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wait_idle(), grace_s)
-            else:
-                await self._wait_idle()
-            self._raise_fatal()
+            async with asyncio.TaskGroup() as group:
+                monitor = group.create_task(self._monitor(), name="eagle-datagen-monitor")
+                self._feeder = group.create_task(self._feed(group, executor), name="eagle-datagen-feeder")
+                if self.stopping.is_set():  # asked to stop before the run began
+                    self._feeder.cancel()
+                self.producer.start()
+                await asyncio.wait({self._feeder})
+                while self._items:
+                    await self._settled.wait()
+                monitor.cancel()
         finally:
-            self.request_stop()
-            for timer in self._timers:
-                timer.cancel()
-            for _ in workers:
-                self.work.put_nowait(None)
-            _, pending = await asyncio.wait(workers, timeout=0.05)
-            for task in (*pending, monitor):
-                task.cancel()
-            await asyncio.gather(*workers, monitor, return_exceptions=True)
+            self.producer.stop.set()
+            if self._grace_timer is not None:
+                self._grace_timer.cancel()
             executor.shutdown(wait=False, cancel_futures=True)
-            self.checkpoint()
-
-    def _raise_fatal(self) -> None:
+            try:
+                self.checkpoint()
+            except Exception as exc:  # recorded, not raised over what is already propagating
+                self._note_fatal(exc)
         fatal = self.fatal or self.pool.fatal
         if fatal is not None:
             raise fatal
 
-    async def _wait_idle(self) -> None:
-        while self._outstanding and self.fatal is None and self.pool.fatal is None:
-            self._idle.clear()
-            await self._idle.wait()
+    def _note_fatal(self, exc: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+        elif exc is not self.fatal:
+            log.error("also: %s", exc)
 
-    async def _feed(self, executor: ThreadPoolExecutor) -> None:
+    def _fail_run(self, exc: BaseException) -> None:
+        """A fatal error anywhere in the run: stop dispatch, drain, and surface it from :meth:`run`.
+
+        Requests in flight still finish (within the grace period) so their GPU work is kept, except
+        after a write error: then nothing more can be recorded, and they are abandoned at once.
+        """
+        self._note_fatal(exc)
+        self.request_stop()
+        if isinstance(exc, OutputWriteError):
+            self._cancel_in_flight()
+
+    async def _feed(self, group: asyncio.TaskGroup, executor: ThreadPoolExecutor) -> None:
+        try:
+            await self._dispatch(group, executor)
+        except asyncio.CancelledError:
+            if not self.stopping.is_set():
+                raise
+        except Exception as exc:
+            self._fail_run(exc)
+
+    async def _dispatch(self, group: asyncio.TaskGroup, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
-        first = True
-        while not self.stopping.is_set():
+        first = self.preflight
+        while True:
             batch = await loop.run_in_executor(executor, self.producer.batches)
             if batch is None:
-                self._raise_fatal()
                 continue
             if batch is _END:
                 return
@@ -344,19 +396,22 @@ class Pipeline:
                 raise batch
             assert isinstance(batch, list)
             for item in batch:
-                if first and self.preflight:
+                if first:
                     await self._preflight(item)
-                first = False
-                await self._slots.acquire()
-                if self.stopping.is_set():
-                    self._slots.release()
-                    return
-                self._outstanding += 1
-                self._idle.clear()
-                self.work.put_nowait(item)
+                    first = False
+                await self._items_ahead.acquire()
+                task = group.create_task(self._item(item))
+                self._items.add(task)
+                self._settled.clear()
+                task.add_done_callback(self._item_done)
+
+    def _item_done(self, task: asyncio.Task[None]) -> None:
+        self._items.discard(task)
+        if not self._items:
+            self._settled.set()
 
     async def _preflight(self, item: WorkItem) -> None:
-        """One short, fully checked request before any real one."""
+        """One short, fully checked request before any real one (cancelled at once by a stop)."""
         params = {
             **self.sampling_params,
             "max_new_tokens": min(PREFLIGHT_MAX_NEW_TOKENS, self.sampling_params["max_new_tokens"]),
@@ -370,7 +425,7 @@ class Pipeline:
         except RequestFailed as exc:
             raise PreflightFailed(
                 f"preflight request to {endpoint.url} failed ({exc.kind}: {exc.message}); nothing was sent. "
-                "Check the server and the tokenizer, then run again"
+                f"Check the server and the tokenizer, then continue with: {self.resume_hint}"
             ) from exc
         finally:
             self.pool.release(endpoint)
@@ -380,96 +435,79 @@ class Pipeline:
         self._counter += 1
         return f"edg-{self._session}-{self._counter:012d}"
 
-    async def _worker(self) -> None:
-        while (item := await self.work.get()) is not None:
-            if self.stopping.is_set():
-                self._finish(item)  # not sent: resume sends it
-                continue
-            await self._process(item)
-
-    async def _process(self, item: WorkItem) -> None:
-        endpoint = await self.pool.acquire()
-        started = time.time()
-        task = asyncio.create_task(
-            generate(
-                self.transport,
-                endpoint.url,
-                item.prompt_ids,
-                self.sampling_params,
-                self._rid(),
-                timeout_s=self.request_timeout_s,
-                stop_ids=self.stop_ids,
-            )
-        )
-        endpoint.tasks.add(task)
+    async def _item(self, item: WorkItem) -> None:
+        """One work item, from dispatch to a record, a recorded failure, or a stop (then resume sends it)."""
         try:
-            await asyncio.wait({task})
+            while not self.stopping.is_set():
+                delay = await self._attempt(item)
+                if delay is None:
+                    return
+                if delay > 0 and not self.stopping.is_set():
+                    await asyncio.sleep(delay)  # a stop cancels the sleep: the item is not in flight
+        except Exception as exc:
+            self._fail_run(exc)
         finally:
-            endpoint.tasks.discard(task)
-            self.pool.release(endpoint)
-            if not task.done():
-                task.cancel()
-        if task.cancelled():
-            self._requeue(item, charged=False)
-            return
-        exc = task.exception()
+            self._items_ahead.release()
+            self.on_progress()
+
+    async def _attempt(self, item: WorkItem) -> float | None:
+        """Sends ``item`` once. ``None``: it ended (a record or a failure); else try again after that many s."""
+        async with self._requests:
+            endpoint = await self.pool.acquire()
+            started = time.time()
+            request = asyncio.create_task(
+                generate(
+                    self.transport,
+                    endpoint.url,
+                    item.prompt_ids,
+                    self.sampling_params,
+                    self._rid(),
+                    timeout_s=self.request_timeout_s,
+                    stop_ids=self.stop_ids,
+                )
+            )
+            endpoint.tasks.add(request)  # a server marked down cancels it: then the item is requeued
+            me = asyncio.current_task()
+            assert me is not None
+            self._sending.add(me)
+            try:
+                await asyncio.wait({request})
+            finally:
+                self._sending.discard(me)
+                endpoint.tasks.discard(request)
+                self.pool.release(endpoint)
+                if not request.done():
+                    request.cancel()
+        if request.cancelled():
+            self.stats.requeued += 1
+            return 0.0
+        exc = request.exception()
         if exc is None:
             self.pool.succeeded(endpoint)
-            try:
-                self._write(item, task.result(), endpoint.url, started)
-            except Exception as error:  # a write error (disk full) stops the run; durable data stays
-                self._finish(item)
-                self._fail_run(error)
-        elif isinstance(exc, RequestFailed):
-            self._failed(item, endpoint, exc)
-        else:
-            self._finish(item)
-            self._fail_run(exc)
+            self._write(item, request.result(), endpoint.url, started)
+            return None
+        if isinstance(exc, RequestFailed):
+            return self._failed(item, endpoint, exc)
+        raise exc
 
-    def _fail_run(self, exc: BaseException) -> None:
-        """A fatal error in a worker (a refused key, a write error): stop and surface it."""
-        if self.fatal is None:
-            self.fatal = exc
-        self.request_stop()
-        self._idle.set()
-
-    def _failed(self, item: WorkItem, endpoint: Endpoint, exc: RequestFailed) -> None:
+    def _failed(self, item: WorkItem, endpoint: Endpoint, exc: RequestFailed) -> float | None:
         endpoint.last_progress = time.monotonic()
         if not exc.retryable:
             if exc.status is not None:  # the server answered: it is alive
                 self.pool.succeeded(endpoint)
             self._record_failure(item, exc)
-            return
+            return None
         if self.pool.failed(endpoint):
-            self._requeue(item, charged=False)
-            return
+            self.stats.requeued += 1
+            return 0.0
         item.attempts += 1
         if item.attempts > self.max_retries:
             self._record_failure(item, exc)
-            return
+            return None
         self.stats.retries += 1
-        self._requeue(item, charged=True, delay_s=backoff_s(item.attempts))
-
-    def _requeue(self, item: WorkItem, *, charged: bool, delay_s: float = 0.0) -> None:
-        if not charged:
-            self.stats.requeued += 1
-        if self.stopping.is_set():
-            self._finish(item)
-            return
-        if delay_s <= 0:
-            self.work.put_nowait(item)
-            return
-        loop = asyncio.get_running_loop()
-
-        def put() -> None:
-            self._timers.discard(timer)
-            self.work.put_nowait(item)
-
-        timer = loop.call_later(delay_s, put)
-        self._timers.add(timer)
+        return backoff_s(item.attempts)
 
     def _record_failure(self, item: WorkItem, exc: RequestFailed) -> None:
-        self.stats.failures += 1
         self.failures.append(
             {
                 "id": item.record_id,
@@ -482,7 +520,7 @@ class Pipeline:
                 "attempts": item.attempts + 1,
             }
         )
-        self._finish(item)
+        self.stats.failures += 1
 
     def _write(self, item: WorkItem, result: GenerateResult, server: str, started: float) -> None:
         record = {
@@ -506,14 +544,6 @@ class Pipeline:
             or time.monotonic() - self._last_sync >= self.checkpoint_interval_s
         ):
             self.checkpoint()
-        self._finish(item)
-
-    def _finish(self, item: WorkItem) -> None:
-        self._outstanding -= 1
-        self._slots.release()
-        if self._outstanding == 0:
-            self._idle.set()
-        self.on_progress()
 
     def checkpoint(self) -> None:
         """fsync the shard and the failure log."""
@@ -523,17 +553,24 @@ class Pipeline:
         self._last_sync = time.monotonic()
 
     async def _monitor(self) -> None:
-        """Time-based checkpoints, and stall detection: no progress for ``stall_timeout_s`` → health check."""
-        while True:
-            await asyncio.sleep(min(5.0, self.checkpoint_interval_s))
-            if self.pool.fatal is not None:
-                self._fail_run(self.pool.fatal)
-            if self._unsynced and time.monotonic() - self._last_sync >= self.checkpoint_interval_s:
-                self.checkpoint()
-            now = time.monotonic()
-            for endpoint in self.pool.endpoints:
-                if endpoint.up and endpoint.in_flight and now - endpoint.last_progress > self.stall_timeout_s:
-                    if await is_healthy(self.http, endpoint.url):
-                        endpoint.last_progress = time.monotonic()
-                    else:
-                        self.pool.mark_down(endpoint, f"no progress for {self.stall_timeout_s:.0f} s and unhealthy")
+        """Time-based checkpoints, the pool's fatal error, and stall detection (no progress for
+        ``stall_timeout_s`` → health check). Any exception here is the run's fatal error."""
+        try:
+            while True:
+                await asyncio.sleep(min(5.0, self.checkpoint_interval_s))
+                await self._watch()
+        except Exception as exc:
+            self._fail_run(exc)
+
+    async def _watch(self) -> None:
+        if self.pool.fatal is not None:
+            self._fail_run(self.pool.fatal)
+        if self._unsynced and time.monotonic() - self._last_sync >= self.checkpoint_interval_s:
+            self.checkpoint()
+        now = time.monotonic()
+        for endpoint in self.pool.endpoints:
+            if endpoint.up and endpoint.in_flight and now - endpoint.last_progress > self.stall_timeout_s:
+                if await is_healthy(self.http, endpoint.url):
+                    endpoint.last_progress = time.monotonic()
+                else:
+                    self.pool.mark_down(endpoint, f"no progress for {self.stall_timeout_s:.0f} s and unhealthy")
