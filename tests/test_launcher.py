@@ -451,8 +451,8 @@ def test_an_exception_in_our_code_stops_the_server(
 
     monkeypatch.setattr("eagle_datagen.app.read_server_facts", broken)
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(4))
-    with pytest.raises(RuntimeError, match="a bug in our code"):
-        CliRunner().invoke(main, cli_args(prompts, tmp_path / "out", model_dir), catch_exceptions=False)
+    result = CliRunner().invoke(main, cli_args(prompts, tmp_path / "out", model_dir), catch_exceptions=False)
+    assert result.exit_code == 1 and "unexpected RuntimeError: a bug in our code" in result.output
     assert_gone(server_pgid_from_log(tmp_path / "out" / "server.log"), timeout_s=0.5)
     assert live_with(str(model_dir)) == []
 

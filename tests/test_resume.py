@@ -131,9 +131,7 @@ def read_records_tolerant(out: Path) -> list[dict[str, Any]]:
     return records
 
 
-def small_run(
-    tmp_path: Path, tokenizer: Path, url: str, n: int = 20, *extra: str, code: int = 0
-) -> tuple[Path, Path]:
+def small_run(tmp_path: Path, tokenizer: Path, url: str, n: int = 20, *extra: str, code: int = 0) -> tuple[Path, Path]:
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(n))
     out = tmp_path / "out"
     result = invoke("run", "--prompts", str(prompts), "--tokenizer", str(tokenizer), "--server-url", url,

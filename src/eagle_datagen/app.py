@@ -356,7 +356,6 @@ async def _execute(
                 preflight=config.server.preflight,
                 stats=stats,
                 on_progress=progress.update,
-                resume_hint=resume_hint(out),
             )
             switch.pipeline = pipeline
             try:

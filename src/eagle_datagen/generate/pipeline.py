@@ -265,7 +265,6 @@ class Pipeline:
         preflight: bool,
         stats: Stats,
         on_progress: Callable[[], None] = lambda: None,
-        resume_hint: str = "eagle-datagen resume",
     ) -> None:
         self.producer = producer
         self.pool = pool
@@ -284,7 +283,6 @@ class Pipeline:
         self.preflight = preflight
         self.stats = stats
         self.on_progress = on_progress
-        self.resume_hint = resume_hint
         self.stopping = asyncio.Event()
         self.fatal: BaseException | None = None
         self._items_ahead = asyncio.Semaphore(concurrency * 2)
@@ -425,7 +423,7 @@ class Pipeline:
         except RequestFailed as exc:
             raise PreflightFailed(
                 f"preflight request to {endpoint.url} failed ({exc.kind}: {exc.message}); nothing was sent. "
-                f"Check the server and the tokenizer, then continue with: {self.resume_hint}"
+                "Check the server and the tokenizer, then continue with `eagle-datagen resume`"
             ) from exc
         finally:
             self.pool.release(endpoint)

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import re
+import signal
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ import orjson
 
 from eagle_datagen.errors import BadInputError, UsageError
 from eagle_datagen.inputs.prompts import SKIP_FIX, Message, PromptRow
+
+log = logging.getLogger(__name__)
 
 #: Files whose bytes decide how a prompt renders; hashed into the tokenizer fingerprint.
 TOKENIZER_FILES = (
@@ -280,9 +285,15 @@ class RenderPool:
 
     Each worker loads the tokenizer from ``tokenizer_path`` (the same files the manifest pins) and
     renders with the same chat-template kwargs as ``local``. Workers are started with ``spawn`` (the
-    caller has threads running; forking them is unsafe). Until one of them has loaded the tokenizer,
-    chunks render in-process with ``local`` so the first request does not wait for the pool. At most
-    ``ahead`` chunks are in flight, so memory stays bounded. :meth:`close` stops the workers.
+    caller has threads running; forking them is unsafe) and ignore SIGINT: a Ctrl-C goes to the whole
+    foreground process group, and the parent owns shutdown. Until one of them has loaded the
+    tokenizer, chunks render in-process with ``local`` so the first request does not wait for the
+    pool. At most ``ahead`` chunks are in flight, so memory stays bounded.
+
+    A worker that dies (the OOM killer, a crash in a tokenizer's native code) breaks the pool: a new
+    pool replaces it (up to ``max_replacements`` times, then rendering goes on in-process), the chunks
+    that were in flight are rendered again, and one warning line says so. :meth:`close` stops the
+    workers.
     """
 
     def __init__(
@@ -293,50 +304,125 @@ class RenderPool:
         workers: int,
         trust_remote_code: bool = False,
         ahead: int | None = None,
+        max_replacements: int = 3,
     ) -> None:
         if workers < 1:
             raise UsageError("--render-workers must be at least 1")
         self.local = local
         self.workers = workers
         self.ahead = ahead or 2 * workers
-        self._executor = ProcessPoolExecutor(
-            max_workers=workers,
+        self.max_replacements = max_replacements
+        self.replacements = 0
+        self._initargs = (str(tokenizer_path), trust_remote_code, local.template_kwargs)
+        self._pings: list[Future[bool]] = []
+        self._executor: ProcessPoolExecutor | None = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        executor = ProcessPoolExecutor(
+            max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_init,
-            initargs=(str(tokenizer_path), trust_remote_code, local.template_kwargs),
+            initargs=self._initargs,
         )
-        self._pings = [self._executor.submit(_worker_ping) for _ in range(workers)]
+        self._pings = [executor.submit(_worker_ping) for _ in range(self.workers)]
+        return executor
+
+    def _replace(self, exc: BaseException) -> None:
+        """The pool broke (a worker died): start a new one, or render in-process from now on."""
+        old, self._executor = self._executor, None
+        if old is not None:
+            old.shutdown(wait=False, cancel_futures=True)
+        self.replacements += 1
+        if self.replacements <= self.max_replacements:
+            log.warning(
+                "a render worker died (%s); starting new render workers (%d of %d)",
+                exc or type(exc).__name__, self.replacements, self.max_replacements,
+            )  # fmt: skip
+            self._executor = self._start()
+        else:
+            log.warning(
+                "a render worker died again (%s); rendering in-process from here (slower)", exc or type(exc).__name__
+            )
+
+    @property
+    def in_process(self) -> bool:
+        """True once rendering fell back to this process for good."""
+        return self._executor is None
 
     def ready(self) -> bool:
-        """True once a worker has loaded the tokenizer; raises if a worker could not."""
+        """True once a worker has loaded the tokenizer (False while they start, or after a fallback)."""
+        if self._executor is None:
+            return False
         done = [p for p in self._pings if p.done()]
         for ping in done:
             exc = ping.exception()
+            if isinstance(exc, BrokenProcessPool):
+                self._replace(exc)
+                return False
             if exc is not None:
                 raise UsageError(f"a render worker could not load the tokenizer: {exc}") from exc
         return bool(done)
 
     def render_chunks(self, chunks: Iterable[Sequence[PromptRow]], path: str = "<prompts>") -> Iterator[list[Rendered]]:
-        """Like :meth:`Renderer.render_chunks`, the chunks spread over the workers."""
-        pending: deque[Future[list[_WorkerResult]]] = deque()
+        """Like :meth:`Renderer.render_chunks`, the chunks spread over the workers (always in order)."""
+        pending: deque[_Pending] = deque()
         for chunk in chunks:
-            if not pending and not self.ready():
-                yield self.local.render_many(chunk, path)
+            rows = list(chunk)
+            if self._executor is None or (not pending and not self.ready()):
+                while pending:
+                    yield self._result(pending, path)
+                yield self.local.render_many(rows, path)
                 continue
-            pending.append(self._executor.submit(_worker_render, list(chunk), path))
-            while pending and (len(pending) >= self.ahead or pending[0].done()):
-                yield _unpack(pending.popleft().result(), path)
+            pending.append(self._submit(rows, path))
+            while pending and (len(pending) >= self.ahead or _done(pending[0])):
+                yield self._result(pending, path)
         while pending:
-            yield _unpack(pending.popleft().result(), path)
+            yield self._result(pending, path)
+
+    def _submit(self, rows: list[PromptRow], path: str) -> _Pending:
+        """The chunk handed to the current pool (``future`` is ``None`` when it is to render in-process)."""
+        while (executor := self._executor) is not None:
+            try:
+                return _Pending(rows, executor.submit(_worker_render, rows, path), executor)
+            except BrokenProcessPool as exc:
+                self._replace(exc)
+        return _Pending(rows, None, None)
+
+    def _result(self, pending: deque[_Pending], path: str) -> list[Rendered]:
+        entry = pending.popleft()
+        if entry.future is not None:
+            try:
+                return _unpack(entry.future.result(), path)
+            except BrokenProcessPool as exc:
+                if entry.executor is self._executor:  # not yet replaced (one death, one replacement)
+                    self._replace(exc)
+                for i, later in enumerate(pending):  # those sent to a broken pool go to the current one
+                    if later.executor is not self._executor:
+                        pending[i] = self._submit(later.rows, path)
+        return self.local.render_many(entry.rows, path)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> RenderPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A chunk handed to the workers; ``future`` is ``None`` when it is to render in-process."""
+
+    rows: list[PromptRow]
+    future: Future[list[_WorkerResult]] | None
+    executor: ProcessPoolExecutor | None
+
+
+def _done(entry: _Pending) -> bool:
+    return entry.future is None or entry.future.done()
 
 
 #: A worker's answer for one row: ids, or (line, kind, detail, fix) of a BadInputError (which does not pickle).
@@ -346,6 +432,7 @@ _worker_renderer: Renderer | None = None
 
 def _worker_init(tokenizer_path: str, trust_remote_code: bool, template_kwargs: dict[str, Any]) -> None:
     global _worker_renderer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent owns shutdown
     _worker_renderer = Renderer(load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code), template_kwargs)
 
 
