@@ -123,14 +123,14 @@ def _reference(records: list[dict[str, Any]]) -> dict[str, Any]:
         opened = r["prompt_ids"][-1] == THINK_OPEN
         close = out.index(THINK_CLOSE) if THINK_CLOSE in out else None
         tool = out.index(TOOL) if TOOL in out else None
+        end = len(out) - (1 if r["finish_reason"]["type"] == "stop" else 0)
         if close is not None:
             reasoning, start = close, close + 1
         elif opened:
-            reasoning = tool if tool is not None else len(out)
+            reasoning = tool if tool is not None else end
             start = reasoning
         else:
             reasoning = start = 0
-        end = len(out) - (1 if r["finish_reason"]["type"] == "stop" else 0)
         is_tool = tool is not None and tool >= start
         if is_tool:
             end = tool

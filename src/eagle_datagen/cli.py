@@ -324,6 +324,54 @@ def stats(directory: Path, as_json: bool, html: Path | None, plots: Path | None,
     sys.exit(stats_command(directory, as_json=as_json, html=html, plots=plots, tokenizer=tokenizer))
 
 
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("record_id", required=False)
+@click.option("--random", "random_n", type=POSITIVE, help="Show N records drawn at random (see --seed).")
+@click.option(
+    "--where", multiple=True, help="Only records with FIELD=VALUE (finish, variant, server, turn, key, sample)."
+)
+@click.option("--limit", type=POSITIVE, default=1, show_default=True, help="How many matching records to show.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random.")
+@click.option("--tokenizer", type=click.Path(path_type=Path), help="Tokenizer to decode with [the manifest's].")
+@click.option("--trust-remote-code", is_flag=True, help="Run code shipped with the tokenizer (Kimi needs it).")
+@click.option("--color/--no-color", default=None, help="Colors [on a terminal only].")
+@handle_errors
+def show(
+    directory: Path,
+    record_id: str | None,
+    random_n: int | None,
+    where: tuple[str, ...],
+    limit: int,
+    seed: int,
+    tokenizer: Path | None,
+    trust_remote_code: bool,
+    color: bool | None,
+) -> None:
+    """One record as a person reads it: prompt, reasoning, answer, tool call, with ids at the boundaries.
+
+    \b
+      eagle-datagen show data/ a1
+      eagle-datagen show data/ --random 3
+      eagle-datagen show data/ --where finish=length --where variant=chat
+    """
+    from eagle_datagen.report.show import show_command
+
+    sys.exit(
+        show_command(
+            directory,
+            record=record_id,
+            random_n=random_n,
+            where=where,
+            seed=seed,
+            limit=limit,
+            tokenizer=tokenizer,
+            trust_remote_code=trust_remote_code,
+            color=color,
+        )
+    )
+
+
 def _finish(outcome: Any) -> None:
     click.echo(outcome.summary, err=True)
     if outcome.interrupted:

@@ -61,11 +61,16 @@ def _coverage(report: StatsReport, fig: Any) -> None:
         xs, ys = zip(*report.coverage_curve, strict=True)
         ax.plot(xs, [100 * y for y in ys], color="#C44E52", linewidth=2)
         ax.set_xscale("log")
+    lines = []
     for k in COVERAGE_TOPS:
         share = report.coverage.get("top", {}).get(str(k))
         if share is not None:
-            ax.axvline(k, color="grey", linestyle=":", linewidth=1)
-            ax.annotate(f"{k // 1024}k: {100 * share:.1f} %", (k, 100 * share), fontsize=8)
+            ax.plot([k], [100 * share], marker="o", color="#333333", markersize=4)
+            lines.append(f"top {k // 1024}k ids: {100 * share:.1f} %")
+    lines += [f"{q} % needs {n:,} ids" for q, n in report.coverage.get("ids_for", {}).items()]
+    if lines:
+        ax.text(0.02, 0.97, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=9,
+                bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#cccccc"})  # fmt: skip
     ax.set_xlabel("draft vocabulary size (most frequent output ids)")
     ax.set_ylabel("% of output tokens covered")
     ax.set_ylim(0, 101)

@@ -89,16 +89,16 @@ def split_output(
     """The one rule for reasoning/answer lengths (``stats`` and ``show``).
 
     Reasoning is the ids before think-close; without a think-close it is the whole output when the prompt
-    opened reasoning (cut by ``max_new_tokens``, or ended by a tool call), else nothing. The answer runs from
-    after think-close to the first tool-call id, or to the end less the stop id."""
+    opened reasoning (up to a tool call or the stop id: cut by ``max_new_tokens``, or never closed), else nothing.
+    The answer runs from after think-close to the first tool-call id, or to the end less the stop id."""
+    end = output_len - (1 if ends_on_stop_id else 0)
     if close_at is not None:
         reasoning, start = close_at, close_at + 1
     elif opens_reasoning:
-        reasoning = tool_at if tool_at is not None else output_len
+        reasoning = tool_at if tool_at is not None else end
         start = reasoning
     else:
         reasoning, start = 0, 0
-    end = output_len - (1 if ends_on_stop_id else 0)
     tool = tool_at is not None and tool_at >= start
     if tool:
         assert tool_at is not None
