@@ -39,6 +39,7 @@ from eagle_datagen.inputs.render import (
     model_vocab_size,
     tokenizer_facts,
 )
+from eagle_datagen.inputs.sources import open_source
 from eagle_datagen.options import build_run_config, merge, savable
 from eagle_datagen.progress import Progress, format_failures, format_summary
 from eagle_datagen.server.facts import (
@@ -51,7 +52,7 @@ from eagle_datagen.server.facts import (
 )
 from eagle_datagen.server.launcher import ManagedServer, redact
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
-from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan, file_identity
+from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan
 from eagle_datagen.store.shards import ShardStore
 
 log = logging.getLogger("eagle_datagen")
@@ -145,8 +146,7 @@ def scan_prompts(config: RunConfig, skip_ids: Collection[str]) -> PromptScan:
     anyway), so a bad row late in the file costs no work in flight. Rows are not kept: only their
     keys, as the run's own reader does. With ``--skip-bad-lines`` bad rows are counted here and set
     aside (rejects.jsonl) by the run."""
-    if not config.prompts.is_file():
-        raise UsageError(f"--prompts {config.prompts} does not exist or is not a file")
+    open_source(config.prompts, config.input_columns)  # the kind of input and its columns, before any row
     n = config.samples_per_prompt
 
     def is_done(key: str) -> bool:
@@ -156,6 +156,8 @@ def scan_prompts(config: RunConfig, skip_ids: Collection[str]) -> PromptScan:
         config.prompts,
         on_bad=(lambda exc: None) if config.skip_bad_lines else None,
         is_done=is_done if skip_ids else None,
+        columns=config.input_columns,
+        partition=config.partition,
     )
     todo = 0
     for row in reader:
@@ -205,6 +207,7 @@ def build_plan(config: RunConfig, facts: TokenizerFacts, prompts_identity: dict[
         "sampling_params": config.sampling.to_request(),
         "samples_per_prompt": config.samples_per_prompt,
         "shard_size": config.shard_size,
+        **({"partition": config.partition.to_json()} if config.partition is not None else {}),
     }
 
 
@@ -212,12 +215,11 @@ async def _execute(
     config: RunConfig, options: dict[str, Any], *, resume: bool, scan: PromptScan | None = None
 ) -> Outcome:
     out = config.out_dir
-    if not config.prompts.is_file():
-        raise UsageError(f"--prompts {config.prompts} does not exist or is not a file")
+    source = open_source(config.prompts, config.input_columns)
     tokenizer = load_tokenizer(config.tokenizer, trust_remote_code=config.trust_remote_code)
     facts = tokenizer_facts(tokenizer, config.tokenizer)
     renderer = Renderer(tokenizer, config.chat_template_kwargs)
-    identity = file_identity(config.prompts)
+    identity = source.identity()
     plan = build_plan(config, facts, identity)
     stop_ids = sorted({*facts.eos_token_ids, *config.sampling.params.get("stop_token_ids", [])})
     if resume:
@@ -288,7 +290,11 @@ async def _execute(
         return all(rid in skip_ids for rid, _ in record_ids(key, config.samples_per_prompt))
 
     reader = PromptReader(
-        config.prompts, on_bad=on_bad if config.skip_bad_lines else None, is_done=is_done if skip_ids else None
+        config.prompts,
+        on_bad=on_bad if config.skip_bad_lines else None,
+        is_done=is_done if skip_ids else None,
+        columns=config.input_columns,
+        partition=config.partition,
     )
     interrupted = False
     stack = contextlib.ExitStack()

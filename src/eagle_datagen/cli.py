@@ -18,6 +18,10 @@ from eagle_datagen.errors import DatagenError
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+PROMPTS_PATH = click.Path(exists=True, path_type=Path)
+PROMPTS_HELP = (
+    "Prompt rows: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, a directory of them, or a save_to_disk dataset."
+)
 POSITIVE = click.IntRange(min=1)
 
 
@@ -109,7 +113,15 @@ def generation_options(func: F) -> F:
 def plan_options(func: F) -> F:
     """Options that change the bytes (only ``run`` takes them; ``resume`` reads them from the manifest)."""
     options = [
-        click.option("--prompts", type=EXISTING_FILE, required=True, help="Prompt rows, JSONL."),
+        click.option("--prompts", type=PROMPTS_PATH, required=True, help=PROMPTS_HELP),
+        click.option("--prompt-column", help="Parquet/Arrow column holding one user turn (a string)."),
+        click.option(
+            "--messages-column", help="Parquet/Arrow column holding the messages (a list of {role, content})."
+        ),
+        click.option(
+            "--partition",
+            help="Own only the keys of partition I of N (0-based), e.g. 3/8 for job 3 of an 8-job array.",
+        ),
         click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (new or empty)."),
         click.option(
             "--model",
@@ -232,7 +244,7 @@ def run(ctx: click.Context, /, verbose: bool, **values: Any) -> None:
     required=True,
     help="The output directory of the run to continue.",
 )
-@click.option("--prompts", type=EXISTING_FILE, help="The prompts file, if it moved (its sha256 must match).")
+@click.option("--prompts", type=PROMPTS_PATH, help="The prompts file, if it moved (its sha256 must match).")
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path),
@@ -261,7 +273,7 @@ def resume(ctx: click.Context, /, out: Path, verbose: bool, **values: Any) -> No
 
 @main.command("verify-shard")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--prompts", type=EXISTING_FILE, help="Re-render each record's prompt from this file [the manifest's].")
+@click.option("--prompts", type=PROMPTS_PATH, help="Re-render each record's prompt from this file [the manifest's].")
 @click.option("--tokenizer", type=click.Path(path_type=Path), help="Tokenizer for re-rendering [the manifest's].")
 @click.option("--trust-remote-code", is_flag=True, help="Run code shipped with the tokenizer (Kimi needs it).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report for machines.")
@@ -370,6 +382,43 @@ def show(
             color=color,
         )
     )
+
+
+@main.command("merge")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--copy", is_flag=True, help="Copy the shards into OUT [symbolic links to the partitions' shards].")
+@click.option("--prompts", type=PROMPTS_PATH, help="The prompts file, if it moved [the plans'].")
+@click.option("--json", "as_json", is_flag=True, help="Print the merge report as JSON.")
+@handle_errors
+def merge_command(out: Path, run_dirs: tuple[Path, ...], copy: bool, prompts: Path | None, as_json: bool) -> None:
+    """Check the partitions of a job array (--partition I/N) and combine them into OUT.
+
+    Refuses runs with different plans, missing or repeated partitions, overlapping or missing records,
+    naming counts and the first examples. OUT is then one ordinary run directory: verify-shard OUT.
+
+    \b
+      eagle-datagen merge data/all data/part-*
+      eagle-datagen verify-shard data/all
+    """
+    from eagle_datagen.verify.merge import merge_runs
+
+    report = merge_runs(out, list(run_dirs), copy=copy, prompts=prompts)
+    if as_json:
+        click.echo(orjson_dumps(report.to_json()))
+        return
+    how = "copied" if report.copied else "linked"
+    click.echo(
+        f"merged {report.partitions} partitions into {report.out}: {report.records:,} records in "
+        f"{report.shards} shards ({how}); {report.set_aside:,} rows set aside by the runs (rejects.jsonl). "
+        f"Check it: eagle-datagen verify-shard {report.out}"
+    )
+
+
+def orjson_dumps(value: Any) -> str:
+    import orjson
+
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
 
 
 def _finish(outcome: Any) -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle_datagen.errors import UsageError
+from eagle_datagen.inputs.partition import Partition
 from eagle_datagen.inputs.render import read_json_file
+from eagle_datagen.inputs.sources import Columns
 
 #: ``sampling_params`` keys SGLang 0.5.x accepts on /generate; any other key is an HTTP 400.
 SGLANG_SAMPLING_FIELDS: tuple[str, ...] = (
@@ -237,6 +239,10 @@ class RunConfig:
     render_workers: int = 0
     stop_token_ids: tuple[int, ...] = ()
     preset: str | None = None
+    #: Table columns that hold the conversation (Parquet/Arrow inputs).
+    input_columns: Columns = field(default_factory=Columns)
+    #: ``--partition I/N``: the share of the keys this job owns.
+    partition: Partition | None = None
 
     def __post_init__(self) -> None:
         for name in ("samples_per_prompt", "shard_size", "checkpoint_records"):

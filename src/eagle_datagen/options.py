@@ -22,6 +22,8 @@ from eagle_datagen.config import (
     sampling_split,
 )
 from eagle_datagen.errors import UsageError
+from eagle_datagen.inputs.partition import Partition
+from eagle_datagen.inputs.sources import Columns
 from eagle_datagen.redaction import MASK, check_api_key, redact_options, redacted_args
 
 API_KEY_ENV = "EAGLE_DATAGEN_API_KEY"
@@ -207,7 +209,10 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         allow_reasoning_parser=opts["allow_reasoning_parser"],
         preflight=opts["preflight"],
     )
+    partition = opts.get("partition")
     return RunConfig(
+        input_columns=Columns(prompt=opts.get("prompt_column"), messages=opts.get("messages_column")),
+        partition=Partition.parse(str(partition)) if partition not in (None, "") else None,
         prompts=prompts,
         out_dir=out,
         tokenizer=tokenizer,

@@ -24,6 +24,8 @@ from typing import Any
 import orjson
 
 from eagle_datagen.errors import BadInputError, UsageError
+from eagle_datagen.inputs.partition import Partition
+from eagle_datagen.inputs.sources import Columns, open_source
 
 Message = dict[str, Any]
 
@@ -59,14 +61,19 @@ class ReadStats:
     bad: int = 0
     collapsed_duplicates: int = 0
     done_skipped: int = 0
+    #: Valid rows left to the other partitions of a ``--partition I/N`` run.
+    other_partition: int = 0
 
 
 @dataclass
 class PromptReader:
-    """Streams ``path`` and yields :class:`PromptRow` objects, never loading the file whole.
+    """Streams ``path`` (any source :mod:`.sources` reads) and yields :class:`PromptRow` objects, never
+    loading it whole.
 
     ``on_bad`` receives each bad row when rows are to be set aside; without it the first bad row
-    raises :class:`BadInputError`.
+    raises :class:`BadInputError`. With ``partition``, every row is still validated (so each job of a
+    partitioned run reports the same bad rows, and duplicate ids are found across the whole input) but only
+    the partition's rows are yielded.
     """
 
     path: Path
@@ -74,35 +81,35 @@ class PromptReader:
     #: Resume's fast path: a row whose explicit ``id`` is already done is not validated again (the
     #: prompts file is pinned by sha256, so it passed the first time) and not yielded.
     is_done: Callable[[str], bool] | None = None
+    columns: Columns = field(default_factory=Columns)
+    partition: Partition | None = None
     stats: ReadStats = field(default_factory=ReadStats)
     _seen: dict[str, tuple[int, bool]] = field(default_factory=dict, repr=False)
 
     def __iter__(self) -> Iterator[PromptRow]:
         name = str(self.path)
-        try:
-            handle = self.path.open("rb")
-        except OSError as exc:
-            raise UsageError(f"{name}: cannot open the prompts file ({exc.strerror})") from exc
-        with handle:
-            for line_no, raw in enumerate(handle, start=1):
-                self.stats.lines = line_no
-                if not raw.strip():
+        for file, line_no, raw in open_source(self.path, self.columns).rows():
+            self.stats.lines += 1
+            if not raw.strip():
+                continue
+            if self.is_done is not None and self._skip_done(raw, line_no):
+                continue
+            try:
+                row = parse_row(raw, file, line_no)
+                if not self._is_new(row):
                     continue
-                if self.is_done is not None and self._skip_done(raw, line_no):
-                    continue
-                try:
-                    row = parse_row(raw, name, line_no)
-                    if not self._is_new(row):
-                        continue
-                except BadInputError as exc:
-                    self.stats.bad += 1
-                    if self.on_bad is None:
-                        raise
-                    self.on_bad(exc)
-                    continue
-                self.stats.rows += 1
-                yield row
-        if self.stats.rows == 0 and self.stats.bad == 0:
+            except BadInputError as exc:
+                self.stats.bad += 1
+                if self.on_bad is None:
+                    raise
+                self.on_bad(exc)
+                continue
+            if self.partition is not None and not self.partition.owns(row.key):
+                self.stats.other_partition += 1
+                continue
+            self.stats.rows += 1
+            yield row
+        if self.stats.rows == 0 and self.stats.bad == 0 and self.stats.other_partition == 0:
             raise UsageError(f"{name}: the prompts file has no rows; give a JSONL file with one object per line")
 
     def _skip_done(self, raw: bytes, line_no: int) -> bool:
