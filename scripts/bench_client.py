@@ -338,6 +338,11 @@ def child_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from eagle_datagen.generate import transport
     from eagle_datagen.inputs import render
 
+    if spec.get("transport") == "legacy":  # the hand-written parser h11 replaced, for the side-by-side figure
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import legacy_transport
+
+        transport.Transport = app.Transport = legacy_transport.Transport  # type: ignore[misc, assignment]
     window = Window()
     original_post = transport.Transport.post
 
@@ -548,7 +553,9 @@ def fake_config(args: argparse.Namespace, vocab: int, eos: int) -> dict[str, Any
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     client_core, server_core = cpu_cores()
     work = Path(tempfile.mkdtemp(prefix="bench-client-", dir=args.work))
-    results: dict[str, list[dict[str, Any]]] = {c: [] for c in args.clients}
+    entries = [(c if t == "h11" else f"{c}+{t}", c, t) for c in args.clients for t in args.transports]
+    entries = [e for e in entries if e[2] == "h11" or e[1] in OURS]  # the threadpool clients use httpx
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in entries}
     try:
         tokenizer = tiny_tokenizer(work)
         vocab, eos = tokenizer_ids(tokenizer)
@@ -557,9 +564,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         default_c = None
         with FakeServer(config, work, server_core) as fake:
             for repeat in range(args.repeat):
-                order = args.clients if repeat % 2 == 0 else list(reversed(args.clients))
-                for client in order:
-                    out = work / f"out-{client}-{repeat}"
+                order = entries if repeat % 2 == 0 else list(reversed(entries))
+                for label, client, transport in order:
+                    out = work / f"out-{client}-{transport}-{repeat}"
                     fake.reset()
                     server_cpu = fake.cpu_s()
                     concurrency = args.concurrency
@@ -572,7 +579,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                         "out": str(out), "max_new_tokens": args.output_len, "concurrency": concurrency,
                         "core": client_core,
                         "limit": args.threadpool_requests if client == "threadpool" else None,
-                        "profile": str(args.profile / f"{client}-{repeat}.prof") if args.profile else None,
+                        "profile": str(args.profile / f"{label}-{repeat}.prof") if args.profile else None,
+                        "transport": transport,
                     }  # fmt: skip
                     result = run_child(spec)
                     time.sleep(0.2)
@@ -583,8 +591,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     result["concurrency"] = concurrency or _default_concurrency(config)
                     if args.mode == "capacity":
                         result["utilisation"] = utilisation(stats, args.capacity, args.requests)
-                    results[client].append(result)
-                    print(_line(client, result, args.mode), flush=True)
+                    results[label].append(result)
+                    print(_line(label, result, args.mode), flush=True)
                     shutil.rmtree(out, ignore_errors=True)
     finally:
         if not args.keep:
@@ -600,7 +608,7 @@ def _default_concurrency(config: dict[str, Any]) -> int:
 
 def _line(client: str, r: dict[str, Any], mode: str) -> str:
     text = (
-        f"{client:18s} {r['responses']:6d} responses in {r['wall_s']:6.2f} s: {r['responses_per_s']:7.0f}/s, "
+        f"{client:22s} {r['responses']:6d} responses in {r['wall_s']:6.2f} s: {r['responses_per_s']:7.0f}/s, "
         f"{r['output_tokens_per_s'] / 1e6:5.2f} M tok/s, CPU {r['cpu_s_per_1000']:.3f} s/1000 "
         f"({100 * r['cpu_share']:.0f}% of a core), RSS {r['max_rss_mb']:.0f} MB, "
         f"server {100 * (r.get('server_cpu_share') or 0):.0f}% of a core"
@@ -612,7 +620,7 @@ def _line(client: str, r: dict[str, Any], mode: str) -> str:
     if mode == "capacity":
         u = r["utilisation"]
         text += (
-            f"\n{'':18s} c={r['concurrency']}: utilisation while work remains {100 * u['while_work_remains']:.2f}%, "
+            f"\n{'':22s} c={r['concurrency']}: utilisation while work remains {100 * u['while_work_remains']:.2f}%, "
             f"last 10% {100 * u['last_10pct']:.2f}%, whole run {100 * u['whole_run']:.2f}%, "
             f"max waiting {u['max_waiting']}"
         )
@@ -631,7 +639,7 @@ def summarize(report: dict[str, Any]) -> None:
         spread = (max(r["responses_per_s"] for r in runs) - min(r["responses_per_s"] for r in runs)) / rps
         base = base or (rps, cpu)
         text = (
-            f"  {client:18s} {rps:7.0f} responses/s (spread {100 * spread:.0f}%, ×{rps / base[0]:.2f}), "
+            f"  {client:22s} {rps:7.0f} responses/s (spread {100 * spread:.0f}%, ×{rps / base[0]:.2f}), "
             f"CPU {cpu:.3f} s/1000 (×{cpu / base[1]:.2f})"
         )
         if report["mode"] == "capacity":
@@ -663,6 +671,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--threadpool-requests", type=int, default=500, help="requests for `threadpool` (a new client per call is slow)"
+    )
+    parser.add_argument(
+        "--transports",
+        nargs="+",
+        default=["h11"],
+        choices=["h11", "legacy"],
+        help="/generate transports for our clients: h11 (today's) and/or legacy (the hand-written parser of 0.1, "
+        "scripts/legacy_transport.py); each client runs once per transport, side by side [h11]",
     )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--work", default=None, help="scratch directory [the system temp dir]")

@@ -84,7 +84,7 @@ async def generate(
     except TimeoutError as exc:
         raise RequestFailed("timeout", f"no response from {base_url} in {timeout_s:.0f} s", retryable=True) from exc
     except TransportError as exc:
-        raise RequestFailed("connection", str(exc), retryable=True) from exc
+        raise RequestFailed("connection", str(exc), retryable=exc.retryable) from exc
     status = response.status
     if status in (401, 403):
         raise ServerError(
