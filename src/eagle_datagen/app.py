@@ -27,6 +27,7 @@ from eagle_datagen import __version__
 from eagle_datagen.config import RunConfig
 from eagle_datagen.errors import BadInputError, DatagenError, ServerError, UsageError
 from eagle_datagen.generate.client import auth_headers, make_http_client
+from eagle_datagen.generate.connect import refuse_proxies, ssl_context
 from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
 from eagle_datagen.generate.pool import Endpoint, ServerPool
 from eagle_datagen.generate.transport import Transport
@@ -463,14 +464,17 @@ class Servers:
 @contextlib.asynccontextmanager
 async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
     """Launches or attaches, reads and checks server facts, and yields a pool. Always cleans up."""
-    setup = make_http_client(max_connections=8, request_timeout_s=60.0, api_key=config.server.api_key)
+    refuse_proxies(config.server.urls)
+    tls = ssl_context(config.server.ca_bundle)  # one trust store for every connection of the run
+    setup = make_http_client(max_connections=8, request_timeout_s=60.0, api_key=config.server.api_key, tls=tls)
     http: httpx.AsyncClient | None = None
     managed: ManagedServer | None = None
     pool: ServerPool | None = None
-    transport = Transport(auth_headers(config.server.api_key))
+    transport = Transport(auth_headers(config.server.api_key), tls)
     try:
         if config.server.launch is not None:
             managed = ManagedServer(config.server.launch, out / "server.log", api_key=config.server.api_key)
+            refuse_proxies([managed.url])
             echo(f"  starting SGLang: {' '.join(redact(managed.command))} (log: {managed.log_path})")
             await managed.start(setup)
             urls = [managed.url]
@@ -487,6 +491,7 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
             max_connections=concurrency + 8 * len(urls),
             request_timeout_s=config.request_timeout_s,
             api_key=config.server.api_key,
+            tls=tls,
         )
         endpoints = [Endpoint(f.url, f.max_running_requests, f.max_req_input_len) for f in server_facts]
         pool = ServerPool(endpoints, _recover_fn(http, managed, transport))

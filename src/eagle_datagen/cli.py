@@ -34,6 +34,12 @@ def generation_options(func: F) -> F:
             help="A running SGLang server (repeatable); work goes to the least busy.",
         ),
         click.option("--api-key", help="The servers' API key (or set EAGLE_DATAGEN_API_KEY); never logged or saved."),
+        click.option(
+            "--ca-bundle",
+            type=EXISTING_FILE,
+            help="PEM file of the CAs that sign the https servers' certificates, trusted instead of the system "
+            "store [system store, with SSL_CERT_FILE/SSL_CERT_DIR].",
+        ),
         click.option("--server-python", help="Python of the environment where SGLang is installed [python3]."),
         click.option("--tp-size", type=POSITIVE, help="Tensor parallel size of a launched server [8]."),
         click.option("--mem-fraction-static", type=click.FloatRange(0, 1, min_open=True), help="[0.85]"),

@@ -207,6 +207,8 @@ class ServerConfig:
     api_key: str | None = field(default=None, repr=False)
     allow_reasoning_parser: bool = False
     preflight: bool = True
+    #: PEM file of the CAs to trust for https servers, instead of the system store (``--ca-bundle``).
+    ca_bundle: Path | None = None
 
     def __post_init__(self) -> None:
         if bool(self.urls) == (self.launch is not None):

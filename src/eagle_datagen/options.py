@@ -36,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": None,
     "server_arg": (),
+    "ca_bundle": None,
     "startup_timeout_s": 3600.0,
     "allow_reasoning_parser": False,
     "max_restarts": 3,
@@ -208,6 +209,7 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         api_key=api_key,
         allow_reasoning_parser=opts["allow_reasoning_parser"],
         preflight=opts["preflight"],
+        ca_bundle=Path(opts["ca_bundle"]) if opts.get("ca_bundle") else None,
     )
     partition = opts.get("partition")
     return RunConfig(

@@ -7,6 +7,7 @@ Every response is checked (:mod:`eagle_datagen.record.checks`) before it may bec
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -38,13 +39,17 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def make_http_client(*, max_connections: int, request_timeout_s: float, api_key: str | None) -> httpx.AsyncClient:
-    """The client for health and info endpoints."""
+def make_http_client(
+    *, max_connections: int, request_timeout_s: float, api_key: str | None, tls: ssl.SSLContext
+) -> httpx.AsyncClient:
+    """The client for health and info endpoints: the run's one TLS context (:func:`connect.ssl_context`), the
+    one the /generate transport uses too; no proxies (``trust_env=False``: :func:`connect.refuse_proxies`)."""
     headers = {"content-type": "application/json", **auth_headers(api_key)}
     return httpx.AsyncClient(
         headers=headers,
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         timeout=httpx.Timeout(request_timeout_s, connect=30.0, pool=None),
+        verify=tls,
         trust_env=False,
     )
 

@@ -119,11 +119,11 @@ class _Connection(asyncio.Protocol):
         self.timed_out = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_exception(asyncio.TimeoutError())
+            waiter.set_exception(TimeoutError())
 
     async def _wait(self) -> None:
         if self.timed_out:
-            raise asyncio.TimeoutError
+            raise TimeoutError
         self._waiter = self.loop.create_future()
         try:
             await self._waiter
