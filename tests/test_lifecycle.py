@@ -7,6 +7,7 @@ each failed on the code before the fix.
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import re
@@ -68,7 +69,11 @@ def advised(output: str, pattern: str) -> list[str]:
 
 @pytest.mark.timeout(90)
 def test_a_write_error_on_failures_jsonl_stops_the_run_with_exit_1(
-    tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    tiny_tokenizer: Path,
+    hf_tokenizer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """D5: the failure log's append failing (EFBIG, ENOSPC) used to kill its worker silently: the run hung."""
     real_write = os.write
@@ -88,6 +93,8 @@ def test_a_write_error_on_failures_jsonl_stops_the_run_with_exit_1(
     assert result.exit_code == 1, result.output
     assert "cannot write" in result.output and "failures.jsonl: File too large" in result.output
     assert f"eagle-datagen resume --out {tmp_path / 'out'}" in result.output
+    gc.collect()  # a request task whose exception nobody looked at would be reported now
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 @pytest.mark.timeout(90)
@@ -107,6 +114,7 @@ def test_an_exception_in_the_monitor_stops_the_run(
     assert result.exit_code == 1, result.output
     assert "RuntimeError: the health probe broke" in result.output
     assert "Traceback" not in result.output
+    assert f"Continue with:\n  eagle-datagen resume --out {tmp_path / 'out'}" in result.output
 
 
 def _start_cli(args: list[str]) -> subprocess.Popen[str]:
@@ -153,6 +161,9 @@ def test_a_bad_row_late_in_the_file_is_found_before_any_request_and_the_advice_w
     assert f"{prompts}:301: messages[0] has role 'robot'" in result.output
     assert "fix the row, or pass --skip-bad-lines" in result.output
     assert fake_server.stats()["generate_received"] == 0
+    # Nothing was written, so `resume` has nothing to continue, and says what to do instead.
+    resumed = invoke("resume", "--out", str(out))
+    assert resumed.exit_code == 2 and f"start it with eagle-datagen run --out {out}" in resumed.output
     # Both pieces of advice, as written: the same command with --skip-bad-lines, or with the row fixed.
     skipped = invoke(*args, "--skip-bad-lines", "--out", str(tmp_path / "skipped"))
     assert skipped.exit_code == 0, skipped.output
@@ -256,7 +267,7 @@ def test_resume_with_model_launches_instead_of_the_saved_server_url(
     result = invoke("resume", "--out", str(out), "--model", str(model), "--server-python", sys.executable,
                     "--tp-size", "1", "--startup-timeout-s", "60", "--no-progress")  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "launching a server instead of the saved --server-url" in result.output
+    assert "--model given: it replaces the saved --server-url" in result.output
     assert "starting SGLang" in result.output
     assert len(read_records(out)) == 20
     saved = orjson.loads((out / "manifest.json").read_bytes())["server"]["options"]

@@ -103,7 +103,8 @@ def test_run_refuses_a_non_empty_out_dir(tmp_path: Path, tiny_tokenizer: Path, f
     (out / "something").write_text("x")
     result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server))
     assert result.exit_code == 2
-    assert f"eagle-datagen resume --out {out}" in result.output
+    # No manifest there, so `resume` could not continue anything: it is not suggested.
+    assert "is not empty and holds no eagle-datagen run" in result.output and "resume" not in result.output
 
 
 def test_a_bad_row_stops_the_run_with_file_line_and_fix(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:

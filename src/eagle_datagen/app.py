@@ -25,7 +25,7 @@ import httpx
 
 from eagle_datagen import __version__
 from eagle_datagen.config import RunConfig
-from eagle_datagen.errors import BadInputError, DatagenError, ServerError, UsageError
+from eagle_datagen.errors import BadInputError, DatagenError, InternalError, ServerError, UsageError
 from eagle_datagen.generate.client import auth_headers, make_http_client
 from eagle_datagen.generate.connect import refuse_proxies, ssl_context
 from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
@@ -118,10 +118,15 @@ def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
 
     A server choice given now (``--model`` or ``--server-url``) replaces the saved one: ``--model``
     alone drops the saved ``--server-url`` list, so the server is launched here."""
+    if out_dir.is_dir() and not any(p.name != ".lock" for p in out_dir.iterdir()):
+        raise UsageError(
+            f"{out_dir} is empty: no run got as far as writing there (a run stopped by a bad prompt row or a "
+            f"bad option leaves it so); start it with eagle-datagen run --out {shlex.quote(str(out_dir))} ..."
+        )
     manifest = Manifest.load(out_dir)
     saved = dict(manifest.server.get("options", {}))
     if "model" in options and "server_url" not in options and saved.pop("server_url", None):
-        echo("  --model given: launching a server instead of the saved --server-url")
+        echo("  --model given: it replaces the saved --server-url (a server is launched here if work is left)")
     effective = merge(saved, options)
     config = build_run_config(merge(effective, {"out": out_dir}))
     return _run_until_stopped(_execute(config, effective, resume=True), out_dir)
@@ -140,6 +145,11 @@ def _run_until_stopped(job: Coroutine[Any, Any, Outcome], out_dir: Path) -> Outc
         if exc.exit_code == EXIT_FAILURE and (out_dir / MANIFEST_NAME).is_file():
             exc.continue_with = resume_hint(out_dir)
         raise
+    except Exception as exc:  # a bug of ours: one line (the CLI shows the traceback with -v), and how to go on
+        error = InternalError(f"unexpected {type(exc).__name__}: {exc} (a bug; run with -v for the traceback)")
+        if (out_dir / MANIFEST_NAME).is_file():
+            error.continue_with = resume_hint(out_dir)
+        raise error from exc
 
 
 def scan_prompts(config: RunConfig, skip_ids: Collection[str]) -> PromptScan:
@@ -183,10 +193,12 @@ def prepare_new_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; give a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()):
-        raise UsageError(
-            f"--out {out_dir} is not empty. To continue the run there: eagle-datagen resume --out {out_dir}; "
-            "to start afresh, give a new directory"
-        )
+        if (out_dir / MANIFEST_NAME).is_file():
+            raise UsageError(
+                f"--out {out_dir} is not empty. To continue the run there: {resume_hint(out_dir)}; "
+                "to start afresh, give a new directory"
+            )
+        raise UsageError(f"--out {out_dir} is not empty and holds no eagle-datagen run; give a new or empty directory")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

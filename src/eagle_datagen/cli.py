@@ -13,7 +13,7 @@ import click
 from click.core import ParameterSource
 
 from eagle_datagen import __version__
-from eagle_datagen.errors import DatagenError
+from eagle_datagen.errors import DatagenError, InternalError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -91,11 +91,6 @@ def generation_options(func: F) -> F:
             default=None,
             help="Set bad prompt rows aside in rejects.jsonl instead of stopping.",
         ),
-        click.option(
-            "--retry-failed/--no-retry-failed",
-            default=None,
-            help="On resume, send rows in failures.jsonl again [retry].",
-        ),
         click.option("--progress/--no-progress", default=None, help="Show a progress bar [on]."),
         click.option("--preflight/--no-preflight", default=None, help="Send one short checked request first [on]."),
         click.option(
@@ -149,7 +144,7 @@ def plan_options(func: F) -> F:
         ),
         click.option("--temperature", type=click.FloatRange(min=0), help="[generation_config.json, else 0 = greedy]"),
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True)),
-        click.option("--top-k", type=int),
+        click.option("--top-k", type=int, help="[generation_config.json; -1 = no limit]"),
         click.option("--min-p", type=click.FloatRange(0, 1)),
         click.option(
             "--sampling-params",
@@ -178,6 +173,8 @@ def handle_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except DatagenError as exc:
+            if isinstance(exc, InternalError) and exc.__cause__ is not None:
+                logging.getLogger("eagle_datagen").info("the unexpected error", exc_info=exc.__cause__)
             click.echo(f"Error: {exc}", err=True)
             if exc.continue_with:
                 click.echo(f"Continue with:\n  {exc.continue_with}", err=True)
@@ -256,7 +253,16 @@ def run(ctx: click.Context, /, verbose: bool, **values: Any) -> None:
     type=click.Path(path_type=Path),
     help="The tokenizer, if it moved (its fingerprint must match).",
 )
-@click.option("--model", type=click.Path(path_type=Path), help="The model to launch, if it moved.")
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path),
+    help="Launch this model here (replaces a saved --server-url), or where the saved model moved to.",
+)
+@click.option(
+    "--retry-failed/--no-retry-failed",
+    default=None,
+    help="Send the records in failures.jsonl again [retry].",
+)
 @generation_options
 @click.pass_context
 @handle_errors
@@ -428,12 +434,11 @@ def orjson_dumps(value: Any) -> str:
 
 
 def _finish(outcome: Any) -> None:
+    from eagle_datagen.app import resume_hint
+
     click.echo(outcome.summary, err=True)
     if outcome.interrupted:
-        click.echo(
-            f"stopped; what arrived is on disk. Continue with:\n  eagle-datagen resume --out {outcome.out_dir}",
-            err=True,
-        )
+        click.echo(f"stopped; what arrived is on disk. Continue with:\n  {resume_hint(outcome.out_dir)}", err=True)
     sys.exit(outcome.exit_code)
 
 

@@ -6,7 +6,8 @@ DatagenError                      fatal: the run stops (exit 1), what is durable
 ├── ManifestMismatch              resume asked for a plan that differs from the pinned one (exit 2)
 ├── ServerError                   the server cannot be started, reached or trusted
 │   └── PreflightFailed           the first checked request failed: nothing real was sent
-└── OutputWriteError              a shard, manifest or log could not be written (disk full, ...)
+├── OutputWriteError              a shard, manifest or log could not be written (disk full, ...)
+└── InternalError                 an unexpected exception (a bug) stopped the run; its cause is chained
 
 RequestFailed                     one request failed; recorded in failures.jsonl, maybe retried
                                   (not a DatagenError: it never stops the run by itself)
@@ -63,6 +64,10 @@ class PreflightFailed(ServerError):
 
 class OutputWriteError(DatagenError):
     """Something could not be written to the output directory."""
+
+
+class InternalError(DatagenError):
+    """An unexpected exception (a bug) stopped the run; ``__cause__`` holds it, with its traceback."""
 
 
 class RequestFailed(Exception):

@@ -476,6 +476,8 @@ class Pipeline:
                 self.pool.release(endpoint)
                 if not request.done():
                     request.cancel()
+                elif not request.cancelled():
+                    request.exception()  # looked at, even when a stop cut this item off before it could be
         if request.cancelled():
             self.stats.requeued += 1
             return 0.0
