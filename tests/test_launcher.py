@@ -157,6 +157,10 @@ def test_flags_trust_remote_code_server_args_and_a_hidden_key(tmp_path: Path) ->
         ("--tensor-parallel-size=2", "use its own option --tp-size"),
         ("--api-key=k", "EAGLE_DATAGEN_API_KEY"),
         ("--context-length 4096", "--server-arg=--context-length=VALUE"),
+        # D4: SGLang merges it into every request (a "stop" there cuts outputs at text)
+        ('--preferred-sampling-params={"stop": ["\\n"]}', "--preferred-sampling-params is refused"),
+        ("--preferred-sampling-params", "--preferred-sampling-params is refused"),
+        ('--prefe={"ignore_eos": true}', "--preferred-sampling-params is refused"),
     ],
 )
 def test_server_args_that_are_refused(arg: str, message: str) -> None:
@@ -166,7 +170,14 @@ def test_server_args_that_are_refused(arg: str, message: str) -> None:
 
 def test_server_args_that_pass() -> None:
     check_server_args(
-        ("--device=cpu", "--context-length", "4096", '--json-model-override-args={"a": 1}', "--chat-template=/a b"),
+        (
+            "--device=cpu",
+            "--context-length",
+            "4096",
+            '--json-model-override-args={"a": 1}',
+            "--chat-template=/a b",
+            "--prefill-attention-backend=torch_native",
+        ),
         allow_reasoning_parser=False,
     )
     check_server_args(("--reasoning-parser=kimi_k2",), allow_reasoning_parser=True)

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator
+from collections.abc import AsyncIterator, Collection, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import httpx
 
 from eagle_datagen import __version__
 from eagle_datagen.config import RunConfig
-from eagle_datagen.errors import BadInputError, DatagenError, InternalError, ServerError, UsageError
+from eagle_datagen.errors import BadInputError, DatagenError, InternalError, UsageError
 from eagle_datagen.generate.client import auth_headers, make_http_client
 from eagle_datagen.generate.connect import refuse_proxies, ssl_context
 from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
@@ -44,14 +44,14 @@ from eagle_datagen.inputs.sources import open_source
 from eagle_datagen.options import build_run_config, merge, savable
 from eagle_datagen.progress import Progress, format_failures, format_summary
 from eagle_datagen.server.facts import (
+    FactsCheck,
     ServerFacts,
-    check_server_facts,
     default_concurrency,
     model_mismatch_warnings,
     read_server_facts,
-    wait_until_healthy,
 )
 from eagle_datagen.server.launcher import ManagedServer, redact
+from eagle_datagen.server.recovery import make_recover
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan
 from eagle_datagen.store.shards import ShardStore
@@ -492,11 +492,9 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
             urls = [managed.url]
         else:
             urls = list(config.server.urls)
-        server_facts = []
-        for url in urls:
-            facts = await read_server_facts(setup, url)
-            check_server_facts(facts, allow_reasoning_parser=config.server.allow_reasoning_parser)
-            server_facts.append(facts)
+        server_facts = [await read_server_facts(setup, url) for url in urls]
+        check = FactsCheck(config.server.allow_reasoning_parser, model_vocab_size(config.tokenizer))
+        check.start(server_facts)  # the same check runs again whenever a server comes back
         concurrency = config.concurrency or default_concurrency([f.max_running_requests for f in server_facts])
         # httpcore scans its whole pool on every request: size it to what is in flight, not larger.
         http = make_http_client(
@@ -506,7 +504,7 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
             tls=tls,
         )
         endpoints = [Endpoint(f.url, f.max_running_requests, f.max_req_input_len) for f in server_facts]
-        pool = ServerPool(endpoints, _recover_fn(http, managed, transport))
+        pool = ServerPool(endpoints, make_recover(http, managed, transport, check, outage_give_up_s=OUTAGE_GIVE_UP_S))
         yield Servers(http, pool, server_facts, managed, concurrency, transport)
     finally:
         if pool is not None:
@@ -517,25 +515,6 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
         if http is not None:
             await http.aclose()
         await setup.aclose()
-
-
-def _recover_fn(
-    http: httpx.AsyncClient, managed: ManagedServer | None, transport: Transport
-) -> Callable[[Endpoint], Any]:
-    async def recover(endpoint: Endpoint) -> bool:
-        transport.drop(endpoint.url)  # keep-alive connections to a dead server are dead too
-        if managed is not None:
-            if managed.alive() and await wait_until_healthy(http, endpoint.url, give_up_after_s=60.0):
-                return True
-            return await managed.restart(http)
-        if await wait_until_healthy(http, endpoint.url, give_up_after_s=OUTAGE_GIVE_UP_S):
-            return True
-        raise ServerError(
-            f"{endpoint.url} has been unreachable for {OUTAGE_GIVE_UP_S:.0f} s; continue later with "
-            "`eagle-datagen resume`"
-        )
-
-    return recover
 
 
 @dataclass

@@ -77,12 +77,18 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
         raise UsageError(
             f"tokenizer path {str(path)!r} does not exist; pass --tokenizer or --model with a local directory"
         )
-    # Offline and quiet through arguments, never os.environ: a launched server inherits our environment
-    # unchanged (it may need the Hub, and its transformers warnings belong in server.log).
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
-    if "TRANSFORMERS_VERBOSITY" not in os.environ:
+    # Offline and quiet through arguments, never a lasting os.environ change: a launched server inherits our
+    # environment unchanged (it may need the Hub, and its transformers warnings belong in server.log).
+    quiet = "TRANSFORMERS_VERBOSITY" not in os.environ
+    if quiet:  # transformers reads it once, when first imported (its "PyTorch was not found" line)
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+    finally:
+        if quiet:
+            os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+    if quiet:
         transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     try:
         tokenizer = AutoTokenizer.from_pretrained(

@@ -1,8 +1,13 @@
-"""What a server is: its facts (/server_info, /model_info), the checks on them, and health probing."""
+"""What a server is: its facts (/server_info, /model_info), the checks on them, and health probing.
+
+:class:`FactsCheck` is the one check every server passes, when the run starts and again every time a
+server comes back from an outage or a restart: a server that fails it is never used.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -14,6 +19,7 @@ import httpx
 from eagle_datagen.errors import ServerError
 from eagle_datagen.generate.client import get_json, is_healthy
 from eagle_datagen.generate.pool import backoff_s
+from eagle_datagen.inputs.render import model_vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,22 @@ RECORDED_ARGS = (
 )
 #: Used when a server does not say how many requests it runs at once.
 FALLBACK_MAX_RUNNING = 64
+#: ``--preferred-sampling-params`` keys that are refused: SGLang merges them into every request for the keys
+#: the request leaves out (``{**preferred_sampling_params, **obj.sampling_params}``), so they would cut,
+#: stretch or constrain the outputs behind the plan's back.
+REFUSED_PREFERRED_KEYS = {
+    "stop": "cuts outputs at text stop strings",
+    "stop_regex": "cuts outputs at text patterns",
+    "ignore_eos": "outputs would never end in EOS",
+    "min_new_tokens": "forbids the stop token until then",
+    "regex": "constrains outputs to a pattern",
+    "json_schema": "constrains outputs to a schema",
+    "ebnf": "constrains outputs to a grammar",
+    "structural_tag": "constrains outputs to a structure",
+    "n": "several outputs per request",
+}
+#: Facts that make "the same model": every server of a run, and each one again after it comes back.
+IDENTITY_FIELDS = ("model_path", "weight_version", "vocab_size", "reasoning_parser", "preferred_sampling_params")
 
 
 @dataclass(frozen=True)
@@ -59,17 +81,27 @@ class ServerFacts:
     max_req_input_len: int | None
     max_running_requests: int | None
     args: dict[str, Any] = field(default_factory=dict)
+    #: From the model directory's config.json when ``model_path`` is a directory on this machine.
+    vocab_size: int | None = None
+    preferred_sampling_params: dict[str, Any] | None = None
+    weight_version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "url": self.url,
             "version": self.version,
             "model_path": self.model_path,
+            "weight_version": self.weight_version,
+            "vocab_size": self.vocab_size,
             "reasoning_parser": self.reasoning_parser,
+            "preferred_sampling_params": self.preferred_sampling_params,
             "max_req_input_len": self.max_req_input_len,
             "max_running_requests": self.max_running_requests,
             "args": self.args,
         }
+
+    def identity(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in IDENTITY_FIELDS}
 
 
 async def read_server_facts(http: httpx.AsyncClient, url: str) -> ServerFacts:
@@ -88,15 +120,32 @@ async def read_server_facts(http: httpx.AsyncClient, url: str) -> ServerFacts:
             max_running = per_dp * (_int(info.get("dp_size")) or 1)
     max_input = _int(info.get("max_req_input_len")) or _int(state.get("max_req_input_len"))
     parser = info.get("reasoning_parser") or model.get("reasoning_parser")
+    model_path = model.get("model_path") or info.get("model_path")
+    weight_version = model.get("weight_version")
     return ServerFacts(
         url=url,
         version=str(info["version"]) if info.get("version") is not None else None,
-        model_path=model.get("model_path") or info.get("model_path"),
+        model_path=model_path,
         reasoning_parser=str(parser) if parser else None,
         max_req_input_len=max_input,
         max_running_requests=max_running,
         args={k: info[k] for k in RECORDED_ARGS if k in info},
+        vocab_size=model_vocab_size(model_path) if isinstance(model_path, str) and model_path else None,
+        preferred_sampling_params=_preferred(
+            model.get("preferred_sampling_params", info.get("preferred_sampling_params"))
+        ),
+        weight_version=str(weight_version) if weight_version is not None else None,
     )
+
+
+def _preferred(value: Any) -> dict[str, Any] | None:
+    """``--preferred-sampling-params`` as SGLang reports it (an object, or the JSON text given on its command line)."""
+    if isinstance(value, str) and value.strip():
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {"<unparsable>": value}
+    return value if isinstance(value, dict) and value else None
 
 
 def _int(value: Any) -> int | None:
@@ -104,13 +153,84 @@ def _int(value: Any) -> int | None:
 
 
 def check_server_facts(facts: ServerFacts, *, allow_reasoning_parser: bool) -> None:
-    """Refuses a server that would rewrite outputs."""
-    if facts.reasoning_parser and not allow_reasoning_parser:
-        raise ServerError(
-            f"{facts.url} runs with --reasoning-parser {facts.reasoning_parser}. The parser rewrites outputs for the "
-            "OpenAI endpoints and the <think> belongs to the prompt: this pipeline needs raw ids. Restart the server "
-            "without it, or pass --allow-reasoning-parser if you know /generate is unaffected"
-        )
+    """Refuses a server that would rewrite outputs (:class:`FactsCheck` runs this and the rest)."""
+    FactsCheck(allow_reasoning_parser=allow_reasoning_parser).check(facts)
+
+
+@dataclass
+class FactsCheck:
+    """The one facts check, for every server when the run starts and again after every recovery.
+
+    A server is refused when it runs a reasoning parser, when its ``--preferred-sampling-params`` set a
+    key of :data:`REFUSED_PREFERRED_KEYS`, when its model's vocab_size differs from the tokenizer's model,
+    when it serves another model than the run's first server (:data:`IDENTITY_FIELDS`), and, after a
+    recovery, when its ``max_req_input_len`` fell below the limit the prompts were admitted under.
+    """
+
+    allow_reasoning_parser: bool = False
+    #: vocab_size of the tokenizer's own model (its config.json), when known.
+    model_vocab: int | None = None
+    #: The run's first server, as it was at the start: every server must match it.
+    reference: ServerFacts | None = None
+    #: The smallest max_req_input_len at the start: prompts were set aside against it.
+    max_input_len: int | None = None
+
+    def start(self, servers: list[ServerFacts]) -> None:
+        """Checks every server of a run; the first becomes the reference for all of them, for the whole run."""
+        for facts in servers:
+            self.check(facts, recovered=False)
+        known = [f.max_req_input_len for f in servers if f.max_req_input_len is not None]
+        self.max_input_len = min(known) if known else None
+
+    def check(self, facts: ServerFacts, *, recovered: bool = True) -> None:
+        """Raises :class:`ServerError` naming every fact that is wrong (the server is then never used)."""
+        problems: list[str] = []
+        parser_refused = bool(facts.reasoning_parser) and not self.allow_reasoning_parser
+        if parser_refused:
+            problems.append(
+                f"it runs with --reasoning-parser {facts.reasoning_parser}. The parser rewrites outputs for the OpenAI "
+                "endpoints and the <think> belongs to the prompt: this pipeline needs raw ids. Restart the server "
+                "without it, or pass --allow-reasoning-parser if you know /generate is unaffected"
+            )
+        refused = sorted(set(facts.preferred_sampling_params or {}) & set(REFUSED_PREFERRED_KEYS))
+        if refused:
+            why = "; ".join(f"{key}: {REFUSED_PREFERRED_KEYS[key]}" for key in refused)
+            problems.append(
+                f"its --preferred-sampling-params set {', '.join(refused)} ({why}), and SGLang applies them to every "
+                "request that leaves them out; restart it without those keys"
+            )
+        if self.model_vocab is not None and facts.vocab_size is not None and facts.vocab_size != self.model_vocab:
+            problems.append(
+                f"its model {facts.model_path!r} has vocab_size {facts.vocab_size}, the tokenizer's model "
+                f"{self.model_vocab}: it is another model"
+            )
+        ref = self.reference
+        other_model = False
+        if ref is not None:
+            for name in IDENTITY_FIELDS:
+                want, got = getattr(ref, name), getattr(facts, name)
+                if want != got and not (name == "reasoning_parser" and parser_refused):
+                    where = "at the start of the run" if recovered else f"on {ref.url}"
+                    problems.append(f"{name} is {got!r}, not {want!r} as {where}")
+                    other_model = True
+        limit = self.max_input_len
+        if recovered and limit is not None and facts.max_req_input_len is not None and facts.max_req_input_len < limit:
+            problems.append(
+                f"max_req_input_len is {facts.max_req_input_len}, below the {limit} the prompts were admitted under"
+            )
+        if problems:
+            if recovered:
+                head = f"{facts.url} came back changed, so it is left out of the pool and never used again"
+                tail = "Restore it as it was; a later resume uses it again"
+                raise ServerError(f"{head}: {'; '.join(problems)}. {tail}")
+            tail = (
+                ". Every server of a run must serve the same model the same way: give --server-url only for those"
+                if other_model
+                else ""
+            )
+            raise ServerError(f"{facts.url} is refused: {'; '.join(problems)}{tail}")
+        if self.reference is None:
+            self.reference = facts
 
 
 def model_mismatch_warnings(

@@ -64,6 +64,9 @@ OWN_FLAGS = {
     "--trust-remote-code": "--trust-remote-code",
 }
 REASONING_PARSER = "--reasoning-parser"
+PREFERRED_SAMPLING = "--preferred-sampling-params"
+#: The shortest prefix argparse takes for it ("--pref" is also "--prefill-...").
+PREFERRED_SAMPLING_MIN_PREFIX = len("--prefe")
 
 #: Run as ``python -I -c REAPER_CODE READ_FD PGID WAIT_S``, in its own session.
 REAPER_CODE = """\
@@ -134,7 +137,8 @@ def _family(host: str) -> socket.AddressFamily:
 
 
 def check_server_args(args: tuple[str, ...], *, allow_reasoning_parser: bool) -> None:
-    """Refuses a ``--reasoning-parser``, flags this launcher sets itself, and ``"--flag value"`` in one argument."""
+    """Refuses ``--reasoning-parser``, ``--preferred-sampling-params``, flags this launcher sets itself, and
+    ``"--flag value"`` in one argument."""
     for arg in args:
         name = arg.split("=", 1)[0]
         if not name.startswith("--"):
@@ -150,6 +154,13 @@ def check_server_args(args: tuple[str, ...], *, allow_reasoning_parser: bool) ->
                 "--server-arg --reasoning-parser is refused: the parser rewrites outputs for the OpenAI endpoints, "
                 "and the <think> belongs to the prompt; this pipeline needs raw ids. Pass --allow-reasoning-parser "
                 "to launch with it anyway"
+            )
+        if len(name) >= PREFERRED_SAMPLING_MIN_PREFIX and PREFERRED_SAMPLING.startswith(name):
+            raise UsageError(
+                f"--server-arg {PREFERRED_SAMPLING} is refused: SGLang merges it into every request for the keys "
+                "the request leaves out, so outputs would follow settings the manifest does not record (and stop, "
+                "ignore_eos or a grammar there would cut or bend them). Give sampling settings to eagle-datagen "
+                "instead: --temperature, --top-p, --top-k, --min-p, --sampling-params JSON"
             )
         own = OWN_FLAGS.get(name) or next(
             (o for f, o in OWN_FLAGS.items() if len(name) > 3 and f.startswith(name)), None

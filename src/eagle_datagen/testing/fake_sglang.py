@@ -88,6 +88,9 @@ class FakeConfig:
     reasoning_parser: str | None = None
     version: str = "0.5.23"
     model_path: str = "fake-org/fake-model"
+    # SGLang's --preferred-sampling-params: reported by /model_info and merged into every request for the keys
+    # it leaves out, as SGLang does ({**preferred_sampling_params, **sampling_params})
+    preferred_sampling_params: dict[str, Any] | None = None
     leak_prompt_tail: float = 0.0  # prepend the last 5 prompt ids to output_ids
     wrong_completion_tokens: float = 0.0  # completion_tokens = true count + 1
     drop_stop_token: float = 0.0  # remove the trailing stop id, still report stop/matched
@@ -773,6 +776,9 @@ class _Core:
             "chat_template": None,
             "max_running_requests": cfg.max_running_requests,
             "max_queued_requests": None,
+            "preferred_sampling_params": (
+                orjson.dumps(cfg.preferred_sampling_params).decode() if cfg.preferred_sampling_params else None
+            ),
             "stream_interval": 1,
             "random_seed": cfg.seed,
             "enable_deterministic_inference": False,
@@ -806,7 +812,7 @@ class _Core:
             "served_model_name": cfg.model_path,
             "tokenizer_path": cfg.model_path,
             "is_generation": True,
-            "preferred_sampling_params": None,
+            "preferred_sampling_params": cfg.preferred_sampling_params,
             "weight_version": "default",
             "load_format": "auto",
             "reasoning_parser": cfg.reasoning_parser,
@@ -1040,6 +1046,12 @@ class _Core:
             raise _err_b("fake_sglang does not support stream=true.")
         prompts, batch = self._prompts(body)
         sps = body.get("sampling_params")
+        preferred = self.cfg.preferred_sampling_params
+        if preferred:
+            if isinstance(sps, list):
+                sps = [{**preferred, **sp} if isinstance(sp, dict) else sp for sp in sps]
+            elif sps is None or isinstance(sps, dict):
+                sps = {**preferred, **(sps or {})}
         if isinstance(sps, list):
             if not batch or len(sps) != len(prompts):
                 raise _err_b("The length of sampling_params must match the batch size.")
@@ -1352,7 +1364,8 @@ def _field_parser(tp: Any) -> Callable[[str], Any]:
     args = typing.get_args(tp)
     if not args:
         return cast(Callable[[str], Any], tp)
-    conv = cast(Callable[[str], Any], next(a for a in args if a is not type(None)))
+    inner = next(a for a in args if a is not type(None))
+    conv = orjson.loads if typing.get_origin(inner) is dict else cast(Callable[[str], Any], inner)
     return lambda s: None if s.lower() in ("none", "null") else conv(s)
 
 
