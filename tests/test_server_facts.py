@@ -115,11 +115,14 @@ def test_harmless_preferred_sampling_params_pass_and_are_recorded(
     assert manifest["server"]["facts"][0]["preferred_sampling_params"] == {"top_k": 20}
 
 
-def _swap_during_outage(server: FakeSGLangServer, after_s: float, down_s: float, **changes: Any) -> threading.Thread:
-    """After ``after_s``: the server dies, comes back ``down_s`` later on the same port serving something else."""
+def _swap_during_outage(server: FakeSGLangServer, after: int, down_s: float, **changes: Any) -> threading.Thread:
+    """Once ``server`` has answered ``after`` requests, it dies and comes back ``down_s`` later on the same port
+    serving something else."""
 
     def swap() -> None:
-        time.sleep(after_s)
+        deadline = time.monotonic() + 60
+        while server.stats()["generate_responses"] < after and time.monotonic() < deadline:
+            time.sleep(0.01)
         server.go_down()
         server.update_config(**changes)
         time.sleep(down_s)
@@ -142,7 +145,7 @@ def test_a_server_that_comes_back_changed_is_never_used_again(
     with FakeSGLangServer(original) as a, FakeSGLangServer(config_for(hf_tokenizer, latency_s=0.1)) as b:
         swapped = b if servers == 2 else a
         timer = _swap_during_outage(
-            swapped, 0.6, 0.5, model_path="/models/some-other-model", reasoning_parser="deepseek-r1", seed=99
+            swapped, 100, 0.5, model_path="/models/some-other-model", reasoning_parser="deepseek-r1", seed=99
         )
         urls = (a.url, b.url) if servers == 2 else (a.url,)
         result = invoke(*run_args(prompts, tmp_path / "out", tiny_tokenizer, *urls))
