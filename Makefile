@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup sglang demo test check lint unit browser
+.PHONY: setup sglang trainers demo test check lint unit browser
 setup: $(VENV)/.stamp
 
 $(VENV)/.stamp: pyproject.toml
@@ -15,6 +15,10 @@ $(VENV)/.stamp: pyproject.toml
 
 sglang:
 	bash scripts/setup-sglang-cpu.sh
+
+# speculators 0.9.0 and SpecForge 0.2.0 (--no-deps) for the export tests, on .venv-sglang's CPU torch.
+trainers: sglang
+	bash scripts/setup-trainers.sh
 
 demo: setup sglang
 	bash scripts/demo.sh
@@ -36,5 +40,5 @@ browser:
 	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null 2>&1 \
 	    && echo "installed chromium"; } || echo "chromium not installed: the browser test will be skipped"
 
-test: setup sglang lint browser
+test: setup sglang trainers lint browser
 	$(BIN)/python -m pytest -q

@@ -442,5 +442,118 @@ def _finish(outcome: Any) -> None:
     sys.exit(outcome.exit_code)
 
 
+# --- export / vocab-map (docs/export.md) -------------------------------------------------------------
+
+RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+def _finish_kinds(value: str) -> frozenset[str]:
+    from eagle_datagen.export.rows import FINISH_KINDS
+
+    kinds = frozenset(k.strip() for k in value.split(",") if k.strip())
+    unknown = sorted(kinds - set(FINISH_KINDS))
+    if unknown or not kinds:
+        raise click.BadParameter(f"give a comma-separated subset of {','.join(FINISH_KINDS)}, not {value!r}")
+    return kinds
+
+
+@main.command("export")
+@click.argument("directory", type=RUN_DIR)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["specforge", "speculators", "speculators-dataset", "parquet"]),
+    required=True,
+    help="The trainer's format (docs/export.md).",
+)
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="New (or empty) output directory.")
+@click.option("--include-finish", default="stop,length", show_default=True, help="Finish reasons to export.")
+@click.option("--max-length", type=POSITIVE, help="Longest row in tokens; see --over-length.")
+@click.option(
+    "--over-length",
+    type=click.Choice(["cut", "drop"]),
+    default="cut",
+    show_default=True,
+    help="A row over --max-length is cut to it (as the trainers do) or dropped; both counted.",
+)
+@click.option("--shuffle-seed", type=int, help="Write rows in a seeded random order [shard order].")
+@click.option("--merge-turns", is_flag=True, help="--turns all data: one row per conversation when history extends.")
+@click.option(
+    "--skip-invalid", is_flag=True, help="Leave out records verify-shard rejects (counted) instead of refusing."
+)
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar [on].")
+@handle_errors
+def export_cmd(
+    directory: Path,
+    fmt: str,
+    out: Path,
+    include_finish: str,
+    max_length: int | None,
+    over_length: str,
+    shuffle_seed: int | None,
+    merge_turns: bool,
+    skip_invalid: bool,
+    progress: bool,
+) -> None:
+    """Write a finished run's records as a trainer's training data (input_ids + loss_mask).
+
+    \b
+      eagle-datagen export data/ --format specforge --out sf/         # sf/train.jsonl
+      eagle-datagen export data/ --format speculators-dataset --out ds/
+    """
+    from eagle_datagen.export.command import ExportOptions, export_command
+    from eagle_datagen.export.rows import RowOptions
+
+    rows = RowOptions(_finish_kinds(include_finish), max_length, over_length, merge_turns)  # type: ignore[arg-type]
+    options = ExportOptions(directory, fmt, out, rows, shuffle_seed, skip_invalid, progress)  # type: ignore[arg-type]
+    sys.exit(export_command(options))
+
+
+@main.command("vocab-map")
+@click.argument("directory", type=RUN_DIR)
+@click.option("--draft-vocab-size", type=POSITIVE, required=True, help="N: ids in the draft vocabulary.")
+@click.option("--format", "fmt", type=click.Choice(["specforge", "speculators"]), required=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory for the map (for speculators: the dataset directory you train from).",
+)
+@click.option("--target-vocab-size", type=POSITIVE, help="The target model's vocab size [the manifest's].")
+@click.option("--include-finish", default="stop,length", show_default=True, help="Finish reasons to count.")
+@click.option("--skip-invalid", is_flag=True, help="Leave out records verify-shard rejects instead of refusing.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar [on].")
+@handle_errors
+def vocab_map_cmd(
+    directory: Path,
+    draft_vocab_size: int,
+    fmt: str,
+    out: Path,
+    target_vocab_size: int | None,
+    include_finish: str,
+    skip_invalid: bool,
+    progress: bool,
+) -> None:
+    """Draft-vocabulary map (d2t/t2d) from the output tokens' frequencies, plus a coverage report.
+
+    \b
+      eagle-datagen vocab-map data/ --draft-vocab-size 32000 --format specforge --out maps/
+      eagle-datagen vocab-map data/ --draft-vocab-size 32000 --format speculators --out ds/
+    """
+    from eagle_datagen.export.vocab import VocabOptions, vocab_map_command
+
+    options = VocabOptions(
+        directory,
+        draft_vocab_size,
+        fmt,  # type: ignore[arg-type]
+        out,
+        target_vocab_size,
+        _finish_kinds(include_finish),
+        skip_invalid,
+        progress,
+    )
+    sys.exit(vocab_map_command(options))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
