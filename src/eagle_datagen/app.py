@@ -31,6 +31,7 @@ from eagle_datagen.generate.connect import refuse_proxies, ssl_context
 from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
 from eagle_datagen.generate.pool import Endpoint, ServerPool
 from eagle_datagen.generate.transport import Transport
+from eagle_datagen.inputs.mix import describe_mix, record_plan
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.render import (
     Renderer,
@@ -221,6 +222,8 @@ def build_plan(config: RunConfig, facts: TokenizerFacts, prompts_identity: dict[
         "samples_per_prompt": config.samples_per_prompt,
         "shard_size": config.shard_size,
         **({"partition": config.partition.to_json()} if config.partition is not None else {}),
+        **({"mix": config.mix.to_json()} if config.mix is not None else {}),
+        **({"seed": config.seed} if config.seed is not None else {}),
     }
 
 
@@ -258,6 +261,8 @@ async def _execute(
     echo(f"eagle-datagen {__version__}: {'resuming' if resume else 'writing'} {out}")
     echo(f"  sampling ({config.sampling.source}): {config.sampling.to_request()}")
     echo(f"  chat template kwargs: {config.chat_template_kwargs or '{}'}; stop ids: {stop_ids}")
+    if config.mix is not None:
+        echo(f"  mix (per {config.mix.per}, seed {config.mix.seed}): {describe_mix(config.mix)}")
     if config.samples_per_prompt > 1 and is_greedy(config.sampling.params):
         echo(
             f"  warning: --samples-per-prompt {config.samples_per_prompt} with greedy sampling: the samples of a "
@@ -356,6 +361,10 @@ async def _execute(
                 limits=limits,
                 reject=rejects.append,
                 stats=stats,
+                mix=config.mix,
+                record_plan=functools.partial(
+                    record_plan, config.mix, config.seed, config.chat_template_kwargs, config.sampling.to_request()
+                ),
             )
             pipeline = Pipeline(
                 producer=producer,

@@ -152,6 +152,26 @@ def plan_options(func: F) -> F:
         ),
         click.option("--samples-per-prompt", type=POSITIVE, help="Records per prompt (ids KEY#0, KEY#1, ...) [1]."),
         click.option("--shard-size", type=POSITIVE, help="Records per shard [10000]."),
+        click.option(
+            "--mix",
+            type=EXISTING_FILE,
+            help="Weighted variants of chat-template kwargs and sampling (TOML; see README 'Mixes').",
+        ),
+        click.option(
+            "--mix-entry",
+            multiple=True,
+            help='A variant NAME:WEIGHT:JSON (repeatable), e.g. \'chat:0.3:{"chat_template_kwargs": {"thinking": false}}\'.',
+        ),
+        click.option(
+            "--mix-per",
+            type=click.Choice(["sample", "prompt"]),
+            help="Draw a variant per sample, or one per prompt for all its samples [sample].",
+        ),
+        click.option(
+            "--seed",
+            type=click.IntRange(min=0),
+            help="Seeds the mix draw and SGLang's per-request sampling_seed [none; the mix draws with 0].",
+        ),
     ]
     for option in reversed(options):
         func = option(func)

@@ -245,6 +245,9 @@ class RunConfig:
     input_columns: Columns = field(default_factory=Columns)
     #: ``--partition I/N``: the share of the keys this job owns.
     partition: Partition | None = None
+    #: ``--mix``/``--mix-entry`` (an :class:`eagle_datagen.inputs.mix.Mix`), and ``--seed``
+    mix: Any = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("samples_per_prompt", "shard_size", "checkpoint_records"):

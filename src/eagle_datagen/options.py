@@ -22,6 +22,7 @@ from eagle_datagen.config import (
     sampling_split,
 )
 from eagle_datagen.errors import UsageError
+from eagle_datagen.inputs.mix import load_mix
 from eagle_datagen.inputs.partition import Partition
 from eagle_datagen.inputs.sources import Columns
 from eagle_datagen.redaction import MASK, check_api_key, redact_options, redacted_args
@@ -62,6 +63,10 @@ DEFAULTS: dict[str, Any] = {
     "progress": True,
     "preflight": True,
     "render_workers": 0,
+    "mix": None,
+    "mix_entry": (),
+    "mix_per": None,
+    "seed": None,
 }
 #: Options that are never written to the manifest (nor is any secret-named one: :mod:`eagle_datagen.redaction`).
 SECRET = frozenset({"api_key"})
@@ -236,6 +241,8 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         progress=opts["progress"],
         render_workers=opts["render_workers"],
         preset=opts.get("preset_name"),
+        mix=load_mix(opts.get("mix"), opts.get("mix_entry") or (), per=opts.get("mix_per"), seed=opts.get("seed")),
+        seed=opts.get("seed"),
     )
 
 

@@ -30,6 +30,7 @@ from eagle_datagen.errors import BadInputError, OutputWriteError, PreflightFaile
 from eagle_datagen.generate.client import GenerateResult, generate, is_healthy
 from eagle_datagen.generate.pool import Endpoint, ServerPool, backoff_s
 from eagle_datagen.generate.transport import Transport
+from eagle_datagen.inputs.mix import Mix, RecordPlan
 from eagle_datagen.inputs.prompts import PromptReader, PromptRow
 from eagle_datagen.inputs.render import Rendered
 from eagle_datagen.record.tally import Tally
@@ -55,6 +56,8 @@ class WorkItem:
     line: int
     prompt_ids: list[int]
     attempts: int = 0
+    #: a mix's or --seed's own sampling and record fields (``None``: the run's sampling, no extra fields)
+    plan: RecordPlan | None = None
 
 
 @dataclass
@@ -70,8 +73,8 @@ class Stats:
     #: records, output tokens and finish counts: the same counters ``eagle-datagen stats`` prints
     tally: Tally = field(default_factory=Tally)
 
-    def add(self, result: GenerateResult, server: str | None = None) -> None:
-        self.tally.add(len(result.output_ids), str(result.finish_reason.get("type")), server=server)
+    def add(self, result: GenerateResult, server: str | None = None, variant: str | None = None) -> None:
+        self.tally.add(len(result.output_ids), str(result.finish_reason.get("type")), server=server, variant=variant)
 
     @property
     def records(self) -> int:
@@ -124,7 +127,11 @@ class Producer:
         limits: Limits,
         reject: Callable[[dict[str, Any]], None],
         stats: Stats,
+        mix: Mix | None = None,
+        record_plan: Callable[[str, int, str], RecordPlan | None] = lambda key, sample, rid: None,
     ) -> None:
+        self.mix = mix
+        self.record_plan = record_plan
         self.reader = reader
         self.render_chunks = render_chunks
         self.samples_per_prompt = samples_per_prompt
@@ -182,7 +189,9 @@ class Producer:
             if self.stop.is_set():
                 return
             wanted = self._wanted(row)
-            if wanted:
+            if wanted and self.mix is not None:  # one copy of the row per variant its samples take
+                chunk += self.mix.split(row, wanted)
+            elif wanted:
                 chunk.append((row, wanted))
             if len(chunk) >= BATCH:
                 staged.append(chunk)
@@ -219,7 +228,9 @@ class Producer:
                 row, "out_of_vocab", f"the prompt has id {max(prompt_ids)} >= the model's vocab_size {vocab}"
             )
             return []
-        return [WorkItem(rid, row.key, s, row.line, prompt_ids) for rid, s in wanted]
+        return [
+            WorkItem(rid, row.key, s, row.line, prompt_ids, plan=self.record_plan(row.key, s, rid)) for rid, s in wanted
+        ]
 
     def _set_aside(self, row: PromptRow, kind: str, message: str, **extra: Any) -> None:
         self.stats.rejects += 1
@@ -458,7 +469,7 @@ class Pipeline:
                     self.transport,
                     endpoint.url,
                     item.prompt_ids,
-                    self.sampling_params,
+                    self.sampling_params if item.plan is None else item.plan.sampling_params,
                     self._rid(),
                     timeout_s=self.request_timeout_s,
                     stop_ids=self.stop_ids,
@@ -536,8 +547,10 @@ class Pipeline:
             "finished": round(time.time(), 3),
             "server": server,
         }
+        if item.plan is not None:  # variant, its template kwargs, the sampling params sent
+            record.update(item.plan.fields)
         self.store.append(item.record_id, orjson.dumps(record) + b"\n")
-        self.stats.add(result, server)
+        self.stats.add(result, server, None if item.plan is None else item.plan.fields.get("variant"))
         self._unsynced += 1
         if (
             self._unsynced >= self.checkpoint_records

@@ -50,6 +50,8 @@ class PromptRow:
     line: int
     messages: list[Message]
     tools: list[Any] | None = None
+    #: chat-template kwargs over the renderer's own (a mix's variant; ``None``: the run's kwargs only)
+    template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -196,11 +196,15 @@ class Renderer:
                 tools=row.tools,
                 add_generation_prompt=True,
                 tokenize=True,
-                **self.template_kwargs,
+                **self.kwargs_for(row),
             )
         except Exception as exc:
             raise BadInputError(path, row.line, "template_error", f"the chat template raised: {exc}", SKIP_FIX) from exc
         return as_token_ids(result)
+
+    def kwargs_for(self, row: PromptRow) -> dict[str, Any]:
+        """The template kwargs of one row: the renderer's, with the row's own (a mix's variant) over them."""
+        return {**self.template_kwargs, **row.template_kwargs} if row.template_kwargs else self.template_kwargs
 
     def render_many(self, rows: Sequence[PromptRow], path: str = "<prompts>") -> list[Rendered]:
         """``prompt_ids`` for each row, in order; a row the template rejects gets its :class:`BadInputError`.
@@ -212,6 +216,8 @@ class Renderer:
         groups: dict[bytes, list[int]] = {}
         for index, row in enumerate(rows):
             key = b"" if row.tools is None else orjson.dumps(row.tools)
+            if row.template_kwargs:  # a mix's variant: rows render together only with the same kwargs
+                key += b"\0" + orjson.dumps(row.template_kwargs, option=orjson.OPT_SORT_KEYS)
             groups.setdefault(key, []).append(index)
         results: list[Rendered] = [[] for _ in rows]
         for indices in groups.values():
@@ -233,7 +239,7 @@ class Renderer:
                     tools=rows[0].tools,
                     add_generation_prompt=True,
                     tokenize=True,
-                    **self.template_kwargs,
+                    **self.kwargs_for(rows[0]),
                 )
                 return list(as_batch_token_ids(result, len(rows)))
             except Exception:  # some row is bad: find it row by row

@@ -24,6 +24,7 @@ loop ever runs over the ids of a well-formed record.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import time
 from collections import Counter
@@ -265,7 +266,12 @@ class Rerenderer:
         self.pending: list[tuple[str, int, str, str, list[int]]] = []
         self.cache: dict[str, list[int] | str] = {}
 
-    def add(self, path: str, line: int, rid: str, key: str, prompt_ids: list[int]) -> None:
+    def add(
+        self, path: str, line: int, rid: str, key: str, prompt_ids: list[int], kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """``kwargs``: the record's own chat-template kwargs (a mix's variant), rendered with instead of the run's."""
+        if kwargs:  # cached per (key, kwargs): each variant of a row renders once
+            key = f"{key}\0{orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS).decode()}"
         self.pending.append((path, line, rid, key, prompt_ids))
         if len(self.pending) >= RENDER_BATCH:
             self.flush()
@@ -281,7 +287,9 @@ class Rerenderer:
             self.cache.clear()
 
     def _render(self, keys: set[str]) -> None:
-        located = sorted((self.index.rows[k], k) for k in keys if k in self.index.rows)
+        located = sorted(
+            (self.index.rows[k.partition("\0")[0]], k) for k in keys if k.partition("\0")[0] in self.index.rows
+        )
         if not located:
             return
         name = str(self.index.path)
@@ -290,19 +298,24 @@ class Rerenderer:
             for (offset, line), key in located:
                 handle.seek(offset)
                 try:
-                    rows.append((key, parse_row(handle.readline(), name, line)))
+                    row = parse_row(handle.readline(), name, line)
+                    kwargs = key.partition("\0")[2]
+                    rows.append(
+                        (key, dataclasses.replace(row, template_kwargs=orjson.loads(kwargs)) if kwargs else row)
+                    )
                 except BadInputError as exc:
                     self.cache[key] = f"{name}:{line}: {exc.detail}"
         rendered = self.renderer.render_many([row for _, row in rows], name)
         for (key, row), ids in zip(rows, rendered, strict=True):
             self.cache[key] = f"{name}:{row.line}: {ids.detail}" if isinstance(ids, BadInputError) else ids
 
-    def _compare(self, path: str, line: int, rid: str, key: str, prompt_ids: list[int]) -> None:
+    def _compare(self, path: str, line: int, rid: str, cache_key: str, prompt_ids: list[int]) -> None:
+        key = cache_key.partition("\0")[0]
         where = self.index.rows.get(key)
         if where is None:
             self.on_error("prompt_row_missing", path, line, rid, f"no row with key {key!r} in {self.index.path}")
             return
-        rendered = self.cache[key]
+        rendered = self.cache[cache_key]
         if isinstance(rendered, str):
             self.on_error("render_error", path, line, rid, rendered)
         elif rendered != prompt_ids:
@@ -335,6 +348,21 @@ class RunContext:
     rerender: Rerenderer | None = None
     shapes: Counter[str] = field(default_factory=Counter)
     shape_examples: dict[str, list[Finding]] = field(default_factory=dict)
+    variants: dict[str, RunContext] = field(default_factory=dict)
+
+    def for_variant(self, variant: Any, kwargs: Any) -> RunContext:
+        """A mix's variant is its own population for the prompt-shape checks (thinking on/off differ by design),
+        with its own template kwargs deciding ``thinking_off``."""
+        if type(variant) is not str:
+            return self
+        child = self.variants.get(variant)
+        if child is None:
+            kw = kwargs if type(kwargs) is dict else {}
+            child = self.variants[variant] = dataclasses.replace(
+                self, label=f"{self.label} variant {variant}", shapes=Counter(), shape_examples={}, variants={},
+                rerender=None, thinking_off=kw.get("thinking") is False or kw.get("enable_thinking") is False,
+            )  # fmt: skip
+        return child
 
     def think_tokens(self) -> ThinkTokens | None:
         """The think ids and the digit strings to scan output bytes for: their common prefix when it is long
@@ -681,9 +709,12 @@ class Checker:
                 return
         self._response(prompt, output, finish, completion, rid, line)
         if self.think_tokens is not None:
-            self._thinking(prompt, output, finish, raw, span, rid, line)
+            self._thinking(
+                prompt, output, finish, raw, span, rid, line, record.get("variant"), record.get("chat_template_kwargs")
+            )
         if self.context.rerender is not None:
-            self.context.rerender.add(self.path, line, rid, key, prompt)
+            kwargs = record.get("chat_template_kwargs")  # a mix: the record's own variant
+            self.context.rerender.add(self.path, line, rid, key, prompt, kwargs if type(kwargs) is dict else None)
 
     def _identity(self, rid: str, key: str, sample: int, line: int) -> None:
         first = self.seen.get(rid)
@@ -723,8 +754,10 @@ class Checker:
         span: tuple[int, int] | None,
         rid: str,
         line: int,
+        variant: Any = None,
+        kwargs: Any = None,
     ) -> None:
-        context = self.context
+        context = self.context.for_variant(variant, kwargs)
         assert self.think_tokens is not None and context.think_open is not None and context.think_close is not None
         shape = prompt_shape(prompt, context.think_open, context.think_close)
         seen = context.shapes[shape] = context.shapes[shape] + 1
@@ -756,7 +789,7 @@ class Checker:
 
     def settle(self, contexts: Sequence[RunContext]) -> None:
         """Run-wide conclusions: records whose prompt shape differs from the run's usual one."""
-        for context in contexts:
+        for context in [*contexts, *(v for c in contexts for v in c.variants.values())]:
             if context.rerender is not None:
                 context.rerender.flush()
             if len(context.shapes) < 2:
