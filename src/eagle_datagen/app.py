@@ -142,15 +142,23 @@ def _run_until_stopped(job: Coroutine[Any, Any, Outcome], out_dir: Path) -> Outc
     except asyncio.CancelledError:
         return Outcome(summary="stopped at once; what was written is consistent", interrupted=True,
                        out_dir=out_dir, exit_code=EXIT_INTERRUPTED)  # fmt: skip
-    except DatagenError as exc:
-        if exc.exit_code == EXIT_FAILURE and (out_dir / MANIFEST_NAME).is_file():
-            exc.continue_with = resume_hint(out_dir)
-        raise
-    except Exception as exc:  # a bug of ours: one line (the CLI shows the traceback with -v), and how to go on
+    except Exception as exc:
+        raise _with_continue(exc, out_dir)  # noqa: B904 (an InternalError carries its __cause__)
+
+
+def _with_continue(exc: BaseException, out_dir: Path) -> DatagenError:
+    """The error to show: a :class:`DatagenError` as it is, anything else (a bug of ours) as one line
+    (the CLI shows the traceback with -v); with the command that continues, once a manifest exists."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]  # a TaskGroup's wrapper: say what actually happened
+    if isinstance(exc, DatagenError):
+        error = exc
+    else:
         error = InternalError(f"unexpected {type(exc).__name__}: {exc} (a bug; run with -v for the traceback)")
-        if (out_dir / MANIFEST_NAME).is_file():
-            error.continue_with = resume_hint(out_dir)
-        raise error from exc
+        error.__cause__ = exc
+    if error.exit_code == EXIT_FAILURE and (out_dir / MANIFEST_NAME).is_file():
+        error.continue_with = resume_hint(out_dir)
+    return error
 
 
 def scan_prompts(config: RunConfig, skip_ids: Collection[str]) -> PromptScan:

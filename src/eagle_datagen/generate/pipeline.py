@@ -457,7 +457,10 @@ class Pipeline:
             self._fail_run(exc)
         finally:
             self._items_ahead.release()
-            self.on_progress()
+            try:
+                self.on_progress()
+            except Exception as exc:  # the progress bar (stderr closed, ...) must not end an item unseen
+                self._fail_run(exc)
 
     async def _attempt(self, item: WorkItem) -> float | None:
         """Sends ``item`` once. ``None``: it ended (a record or a failure); else try again after that many s."""
@@ -576,7 +579,7 @@ class Pipeline:
             self._fail_run(exc)
 
     async def _watch(self) -> None:
-        if self.pool.fatal is not None:
+        if self.pool.fatal is not None and self.fatal is None:
             self._fail_run(self.pool.fatal)
         if self._unsynced and time.monotonic() - self._last_sync >= self.checkpoint_interval_s:
             self.checkpoint()
