@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+import orjson
 import pytest
 
 from eagle_datagen.generate.transport import HostPool, Transport, TransportError
@@ -283,3 +284,13 @@ def test_a_header_h11_refuses_is_reported_without_its_value() -> None:
     with pytest.raises(ValueError) as caught:
         HostPool("http://127.0.0.1:1", {"Authorization": "Bearer S3CRET\n"})
     assert "S3CRET" not in str(caught.value)
+
+
+@pytest.mark.parametrize("ids", [[1, True, 3], [1, 2.0], [1, "2"], [None], "123"])
+def test_output_ids_must_be_a_list_of_integers(ids: object) -> None:
+    from eagle_datagen.errors import RequestFailed
+    from eagle_datagen.generate.client import parse_generate_response
+
+    body = orjson.dumps({"output_ids": ids, "meta_info": {"finish_reason": {"type": "length", "length": 3}}})
+    with pytest.raises(RequestFailed, match="list of integer 'output_ids'"):
+        parse_generate_response(body, [5], {"max_new_tokens": 3}, None, 0.0)
