@@ -53,6 +53,7 @@ from eagle_datagen.server.facts import (
 )
 from eagle_datagen.server.launcher import ManagedServer, redact
 from eagle_datagen.server.recovery import make_recover
+from eagle_datagen.server.router import ManagedRouter, check_router_passes
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan
 from eagle_datagen.store.shards import ShardStore
@@ -509,9 +510,17 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
             urls = [managed.url]
         else:
             urls = list(config.server.urls)
+        if config.server.router is not None:
+            router = ManagedRouter(config.server.router, out / "router.log", api_key=config.server.api_key)
+            echo(f"  starting sglang-router: {' '.join(redact(router.command))} (log: {router.log_path})")
+            await router.start(setup)
+            managed, urls = router, [router.url]
         server_facts = [await read_server_facts(setup, url) for url in urls]
         check = FactsCheck(config.server.allow_reasoning_parser, model_vocab_size(config.tokenizer))
         check.start(server_facts)  # the same check runs again whenever a server comes back
+        for facts in server_facts:
+            if facts.workers:
+                check_router_passes(facts.url, facts.workers, config.sampling.to_request())
         concurrency = config.concurrency or default_concurrency([f.max_running_requests for f in server_facts])
         # httpcore scans its whole pool on every request: size it to what is in flight, not larger.
         http = make_http_client(

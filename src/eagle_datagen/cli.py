@@ -42,6 +42,26 @@ def generation_options(func: F) -> F:
         ),
         click.option("--server-python", help="Python of the environment where SGLang is installed [python3]."),
         click.option("--tp-size", type=POSITIVE, help="Tensor parallel size of a launched server [8]."),
+        click.option(
+            "--dp-size",
+            type=POSITIVE,
+            help="Data-parallel replicas of a launched server (SGLang --dp-size), each with --tp-size GPUs [1].",
+        ),
+        click.option(
+            "--launch-router",
+            is_flag=True,
+            default=None,
+            help="Start sglang-router over the --server-url servers and send everything through it.",
+        ),
+        click.option(
+            "--router-policy",
+            type=click.Choice(["cache_aware", "round_robin", "power_of_two", "random"]),
+            help="Routing policy of --launch-router [cache_aware].",
+        ),
+        click.option(
+            "--router-python", help="Python with sglang-router installed, for --launch-router [--server-python]."
+        ),
+        click.option("--router-arg", multiple=True, help="Extra argument for --launch-router (repeatable)."),
         click.option("--mem-fraction-static", type=click.FloatRange(0, 1, min_open=True), help="[0.85]"),
         click.option("--host", help="Interface a launched server binds [127.0.0.1]."),
         click.option("--port", type=click.IntRange(1, 65535), help="Port of a launched server [a free one]."),

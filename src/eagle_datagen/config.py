@@ -196,6 +196,22 @@ class LaunchConfig:
     startup_timeout_s: float = 3600.0
     allow_reasoning_parser: bool = False
     max_restarts: int = 3
+    #: SGLang data parallelism: replicas behind the one port, each with ``tp_size`` GPUs.
+    dp_size: int = 1
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How to start a managed router over running workers (``--launch-router``)."""
+
+    worker_urls: tuple[str, ...]
+    python: str = "python3"
+    policy: str = "cache_aware"
+    host: str = "127.0.0.1"
+    port: int | None = None
+    prometheus_port: int | None = None
+    startup_timeout_s: float = 600.0
+    router_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,10 +225,14 @@ class ServerConfig:
     preflight: bool = True
     #: PEM file of the CAs to trust for https servers, instead of the system store (``--ca-bundle``).
     ca_bundle: Path | None = None
+    #: ``--launch-router``: an sglang-router started over ``urls``, used instead of our own pool.
+    router: RouterConfig | None = None
 
     def __post_init__(self) -> None:
         if bool(self.urls) == (self.launch is not None):
             raise UsageError("give either --server-url (attach to running servers) or --model (launch one)")
+        if self.router is not None and not self.urls:
+            raise UsageError("--launch-router starts a router over running servers: give them with --server-url")
 
 
 @dataclass(frozen=True)

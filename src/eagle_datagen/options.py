@@ -15,6 +15,7 @@ from typing import Any
 
 from eagle_datagen.config import (
     LaunchConfig,
+    RouterConfig,
     RunConfig,
     ServerConfig,
     parse_json_object,
@@ -41,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout_s": 3600.0,
     "allow_reasoning_parser": False,
     "max_restarts": 3,
+    "dp_size": 1,
+    "launch_router": False,
+    "router_policy": "cache_aware",
+    "router_python": None,
+    "router_arg": (),
     "trust_remote_code": False,
     "chat_template_kwargs": None,
     "max_new_tokens": None,
@@ -207,6 +213,7 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
             startup_timeout_s=opts["startup_timeout_s"],
             allow_reasoning_parser=opts["allow_reasoning_parser"],
             max_restarts=opts["max_restarts"],
+            dp_size=opts["dp_size"],
         )
     server = ServerConfig(
         urls=urls,
@@ -215,6 +222,14 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         allow_reasoning_parser=opts["allow_reasoning_parser"],
         preflight=opts["preflight"],
         ca_bundle=Path(opts["ca_bundle"]) if opts.get("ca_bundle") else None,
+        router=RouterConfig(
+            worker_urls=urls,
+            python=opts["router_python"] or opts["server_python"],
+            policy=opts["router_policy"],
+            router_args=tuple(opts["router_arg"]),
+        )
+        if opts["launch_router"]
+        else None,
     )
     partition = opts.get("partition")
     return RunConfig(

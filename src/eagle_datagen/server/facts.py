@@ -85,9 +85,12 @@ class ServerFacts:
     vocab_size: int | None = None
     preferred_sampling_params: dict[str, Any] | None = None
     weight_version: str | None = None
+    #: For an sglang-router: the URLs of its workers (the facts above are theirs, read from each).
+    workers: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"router_workers": list(self.workers)} if self.workers else {}),
             "url": self.url,
             "version": self.version,
             "model_path": self.model_path,
@@ -105,7 +108,13 @@ class ServerFacts:
 
 
 async def read_server_facts(http: httpx.AsyncClient, url: str) -> ServerFacts:
-    """Reads /server_info (or /get_server_info) and /model_info (or /get_model_info)."""
+    """Reads /server_info (or /get_server_info) and /model_info (or /get_model_info); for an sglang-router,
+    those of each of its workers (:func:`~eagle_datagen.server.router.read_router_facts`)."""
+    from eagle_datagen.server.router import read_router_facts, router_worker_urls
+
+    worker_urls = await router_worker_urls(http, url)
+    if worker_urls is not None:
+        return await read_router_facts(http, url, worker_urls)
     info = await get_json(http, url, "/server_info", "/get_server_info")
     try:
         model = await get_json(http, url, "/model_info", "/get_model_info")

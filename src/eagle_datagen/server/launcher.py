@@ -62,6 +62,9 @@ OWN_FLAGS = {
     "--tensor-parallel-size": "--tp-size",
     "--mem-fraction-static": "--mem-fraction-static",
     "--trust-remote-code": "--trust-remote-code",
+    "--dp-size": "--dp-size",
+    "--dp": "--dp-size",
+    "--data-parallel-size": "--dp-size",
 }
 REASONING_PARSER = "--reasoning-parser"
 PREFERRED_SAMPLING = "--preferred-sampling-params"
@@ -186,6 +189,8 @@ def launch_command(config: LaunchConfig, port: int, api_key: str | None) -> list
         "--port",
         str(port),
     ]
+    if config.dp_size > 1:
+        command += ["--dp-size", str(config.dp_size)]
     if config.trust_remote_code:
         command.append("--trust-remote-code")
     if api_key:
@@ -209,6 +214,10 @@ def describe_exit(code: int | None) -> str:
 
 class ManagedServer:
     """An SGLang server process that we start, watch, restart and always stop."""
+
+    #: What the process is, in messages; the path polled for readiness (subclasses change both).
+    what = "SGLang server"
+    ready_path = "/health_generate"
 
     def __init__(
         self,
@@ -330,27 +339,25 @@ class ManagedServer:
                 reaper.wait()
 
     async def wait_ready(self, http: httpx.AsyncClient) -> None:
-        """Polls ``/health_generate`` until the start-up timeout, failing at once if the process exits."""
+        """Polls :attr:`ready_path` until the start-up timeout, failing at once if the process exits."""
         deadline = self.started_at + self.config.startup_timeout_s
         next_note = self.started_at + READY_NOTE_EVERY_S
         while True:
             if not self.alive():
                 code = self.process.returncode if self.process else None
                 raise ServerError(
-                    f"the SGLang server exited during start-up ({describe_exit(code)}). "
+                    f"the {self.what} exited during start-up ({describe_exit(code)}). "
                     f"Last {LOG_TAIL_LINES} lines of {self.log_path}:\n{self.log_tail()}{self._hint()}"
                 )
             remaining = deadline - time.monotonic()
-            healthy = await is_healthy(
-                http, self.url, timeout_s=max(1.0, min(10.0, remaining)), path="/health_generate"
-            )
+            healthy = await is_healthy(http, self.url, timeout_s=max(1.0, min(10.0, remaining)), path=self.ready_path)
             # Checked again: a 200 must come from our process, not from a stranger on the same port.
             if healthy and self.alive():
                 return
             now = time.monotonic()
             if now > deadline:
                 raise ServerError(
-                    f"the SGLang server was not ready after {self.config.startup_timeout_s:.0f} s "
+                    f"the {self.what} was not ready after {self.config.startup_timeout_s:.0f} s "
                     f"(--startup-timeout-s). Last {LOG_TAIL_LINES} lines of {self.log_path}:\n{self.log_tail()}"
                 )
             if now >= next_note:
