@@ -122,11 +122,7 @@ async def read_server_facts(http: httpx.AsyncClient, url: str) -> ServerFacts:
         model = {}
     states = info.get("internal_states") or [{}]
     state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-    max_running = _int(info.get("max_running_requests"))
-    if max_running is None:
-        per_dp = _int(state.get("effective_max_running_requests_per_dp")) or _int(state.get("max_running_requests"))
-        if per_dp is not None:
-            max_running = per_dp * (_int(info.get("dp_size")) or 1)
+    max_running = _total_max_running(info, states)
     max_input = _int(info.get("max_req_input_len")) or _int(state.get("max_req_input_len"))
     parser = info.get("reasoning_parser") or model.get("reasoning_parser")
     model_path = model.get("model_path") or info.get("model_path")
@@ -155,6 +151,26 @@ def _preferred(value: Any) -> dict[str, Any] | None:
         except ValueError:
             return {"<unparsable>": value}
     return value if isinstance(value, dict) and value else None
+
+
+def _total_max_running(info: dict[str, Any], states: Any) -> int | None:
+    """What the whole server runs at once: the sum over its data-parallel replicas.
+
+    SGLang reports ``internal_states`` per DP rank, each with the scheduler's effective cap; the
+    ``max_running_requests`` server arg is a per-scheduler setting (or ``None``), so it counts once per
+    replica. A list shorter than ``dp_size`` is scaled up to it.
+    """
+    dp_size = _int(info.get("dp_size")) or 1
+    per_rank = [
+        _int(s.get("effective_max_running_requests_per_dp")) or _int(s.get("max_running_requests"))
+        for s in (states if isinstance(states, list) else [])
+        if isinstance(s, dict)
+    ]
+    known = [n for n in per_rank if n is not None]
+    if known and len(known) == len(per_rank):
+        return sum(known) * dp_size // len(known) if len(known) < dp_size else sum(known)
+    per_scheduler = _int(info.get("max_running_requests"))
+    return per_scheduler * dp_size if per_scheduler is not None else None
 
 
 def _int(value: Any) -> int | None:

@@ -797,7 +797,7 @@ class _Core:
             "max_total_num_tokens": cfg.max_total_num_tokens,
             "max_req_input_len": cfg.max_req_input_len,
             "startup_time": self.started,
-            "internal_states": [state],
+            "internal_states": [{**state, "dp_rank": rank} for rank in range(max(1, cfg.dp_size))],
             "version": cfg.version,
             "frontend": "python",
         }
