@@ -147,3 +147,32 @@ def test_run_from_parquet_matches_run_from_jsonl(tmp_path: Path, tiny_tokenizer:
     assert a == b and len(a) == 30
     plan = orjson.loads((tmp_path / "out-p.parquet" / "manifest.json").read_bytes())["plan"]
     assert plan["prompts"]["kind"] == "parquet" and plan["prompts"]["lines"] == 30
+
+
+def test_verify_rerenders_a_parquet_run_and_notices_a_changed_input(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    from eagle_datagen.verify.verify import verify
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(table_rows(24)), path)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        main,
+        ["run", "--prompts", str(path), "--out", str(out), "--tokenizer", str(tiny_tokenizer),
+         "--server-url", fake_server.url, "--no-progress", "--max-new-tokens", "8"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = verify([out])
+    assert not [s for s in report.not_checked if "re-render" in s], report.not_checked
+    assert "prompt_mismatch" not in report.errors and "prompts_changed" not in report.warnings
+    # The same rows in another order: another input, and verify says so (the records still match their rows).
+    pq.write_table(pa.Table.from_pylist(list(reversed(table_rows(24)))), path)
+    again = verify([out])
+    assert "prompts_changed" in again.warnings and "prompt_mismatch" not in again.errors
+    # A row whose text changed is a prompt mismatch.
+    rows = table_rows(24)
+    rows[0]["prompt"] = "something else entirely"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert verify([out]).errors["prompt_mismatch"] == 1

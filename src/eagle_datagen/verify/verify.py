@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +45,7 @@ from eagle_datagen.inputs.render import (
     tokenizer_facts,
     tokenizer_fingerprint,
 )
+from eagle_datagen.inputs.sources import Columns, open_source
 from eagle_datagen.record.checks import (
     PROMPT_TAIL_LEAK,
     Problem,
@@ -238,10 +240,40 @@ class PromptIndex:
     path: Path
     rows: dict[str, tuple[int, int]]
     sha256: str
+    #: For inputs other than one plain JSONL file: their pin (:meth:`PromptSource.identity`), and the
+    #: temporary JSONL copy of their rows that ``path`` then points to (kept alive with the index).
+    identity: dict[str, Any] | None = None
+    spool: Any = None
+
+    def matches(self, pinned: dict[str, Any]) -> bool:
+        """Whether this is the input the plan pinned (its path may have moved)."""
+        if self.identity is None:
+            return self.sha256 == pinned.get("sha256")
+        return {k: v for k, v in self.identity.items() if k != "path"} == {
+            k: v for k, v in pinned.items() if k != "path"
+        }
+
+    def close(self) -> None:
+        """Removes the temporary copy, if there is one."""
+        if self.spool is not None:
+            self.spool.cleanup()
+            self.spool = None
 
     @classmethod
-    def build(cls, path: Path) -> PromptIndex:
-        """Streams the file once; the first row of a key wins, as in a run; bad rows are left out."""
+    def build(cls, path: Path, columns: Columns | None = None) -> PromptIndex:
+        """Streams the file once; the first row of a key wins, as in a run; bad rows are left out.
+
+        Compressed JSONL, Parquet and datasets cannot be read back at an offset: their rows are copied into
+        a temporary JSONL file first (one pass), which is then indexed like a plain file."""
+        source = open_source(path, columns or Columns())
+        if source.kind != "jsonl" or source.files != (path,):
+            spool = tempfile.TemporaryDirectory(prefix="eagle-datagen-verify-")
+            copy = Path(spool.name) / "rows.jsonl"
+            with copy.open("wb") as out:
+                for _, _, raw in source.rows():
+                    out.write(raw.rstrip(b"\n") + b"\n")
+            index = cls.build(copy)
+            return cls(copy, index.rows, index.sha256, identity=source.identity(), spool=spool)
         rows: dict[str, tuple[int, int]] = {}
         digest = hashlib.sha256()
         offset = 0
@@ -551,7 +583,7 @@ class Setup:
         plan = context.manifest.plan if context.manifest is not None else {}
         prompts = self.options.prompts or _plan_path(plan, "prompts")
         tokenizer = self.options.tokenizer or _plan_path(plan, "tokenizer")
-        if prompts is None or not prompts.is_file():
+        if prompts is None or not prompts.exists():
             self.report.skip(f"{run_dir}: prompt re-render (the prompts file {prompts} is not here; pass --prompts)")
             return
         if tokenizer is None or not tokenizer.exists():
@@ -561,9 +593,9 @@ class Setup:
             self._warn_changed("tokenizer_changed", tokenizer, "the tokenizer files differ from the ones")
         key = prompts.resolve()
         if key not in self.indexes:
-            self.indexes[key] = PromptIndex.build(prompts)
+            self.indexes[key] = PromptIndex.build(prompts, Columns(**(plan.get("prompts") or {}).get("columns", {})))
         index = self.indexes[key]
-        if index.sha256 != (plan.get("prompts") or {}).get("sha256"):
+        if not index.matches(plan.get("prompts") or {}):
             self._warn_changed("prompts_changed", prompts, "the prompts file differs from the one")
         renderer = Renderer(self._tokenizer(tokenizer), plan.get("chat_template_kwargs") or {})
         context.rerender = Rerenderer(renderer, index, self._render_error)
@@ -961,12 +993,16 @@ def verify(
     if not targets:
         report.skip(f"everything: no shard files under {', '.join(map(str, paths))}")
     checker = Checker(report)
-    for target in targets:
-        try:
-            checker.check(target)
-        except OSError as exc:
-            raise UsageError(f"cannot read {target.path}: {exc.strerror or exc}") from exc
-    checker.settle(list(setup.contexts.values()))
+    try:
+        for target in targets:
+            try:
+                checker.check(target)
+            except OSError as exc:
+                raise UsageError(f"cannot read {target.path}: {exc.strerror or exc}") from exc
+        checker.settle(list(setup.contexts.values()))
+    finally:
+        for index in setup.indexes.values():
+            index.close()
     report.elapsed_s = time.perf_counter() - started
     return report
 
