@@ -55,8 +55,10 @@ def router_over(worker_urls: list[str], log_path: Path) -> Iterator[str]:
         deadline = time.monotonic() + ROUTER_READY_S
         while True:
             assert process.poll() is None, log_tail(log_path)
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                # Healthy before its workers are registered: wait until /workers lists them all.
+                listed = {w["url"] for w in httpx.get(f"{url}/workers", timeout=5).json()["workers"]}
+                if listed >= set(worker_urls):
                     break
             assert time.monotonic() < deadline, f"router not ready:\n{log_tail(log_path)}"
             time.sleep(0.5)

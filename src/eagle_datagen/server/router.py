@@ -20,6 +20,8 @@ router), and what we do about it:
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -81,8 +83,18 @@ async def router_worker_urls(http: httpx.AsyncClient, url: str) -> list[str] | N
         return None
     urls = [w["url"].rstrip("/") for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str)]
     if not urls:
-        raise ServerError(f"{url} is an sglang-router with no workers; add workers to it, or attach to a worker")
+        raise ServerError(
+            f"{url} is an sglang-router with no workers (a router that has just started may still be registering "
+            "them); add workers to it, or attach to the workers directly with --server-url"
+        )
     return urls
+
+
+async def router_worker_urls_or_empty(http: httpx.AsyncClient, url: str) -> list[str]:
+    try:
+        return await router_worker_urls(http, url) or []
+    except ServerError:
+        return []
 
 
 async def read_router_facts(http: httpx.AsyncClient, url: str, worker_urls: list[str]) -> ServerFacts:
@@ -182,6 +194,28 @@ class ManagedRouter(ManagedServer):
         if self.api_key:
             command += ["--api-key", self.api_key]
         return command + list(self.router.router_args)
+
+    async def wait_ready(self, http: httpx.AsyncClient) -> None:
+        """Healthy is not ready: the router answers ``/health`` before it has registered its workers (it tries
+        gRPC on each first; measured with real SGLang workers), so wait until ``/workers`` lists them all."""
+        await super().wait_ready(http)
+        wanted = {u.rstrip("/") for u in self.router.worker_urls}
+        deadline = self.started_at + self.config.startup_timeout_s
+        while True:
+            listed = set(await router_worker_urls_or_empty(http, self.url))
+            if wanted <= listed and self.alive():
+                return
+            if not self.alive():
+                raise ServerError(
+                    f"the {self.what} exited during start-up. Last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                missing = ", ".join(sorted(wanted - listed))
+                raise ServerError(
+                    f"the {self.what} did not register {missing} within {self.config.startup_timeout_s:.0f} s; are "
+                    f"they up and reachable from it? Last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            await asyncio.sleep(0.5)
 
     def _hint(self) -> str:
         tail = self.log_tail()
