@@ -48,6 +48,8 @@ ROUTER_KEPT_SAMPLING = frozenset(
     }
 )
 #: Worker facts that must agree across a router's workers (they change the ids, or what we check).
+#: Not ``random_seed``: SGLang draws one per server when none is given, and a sampled record is the model's
+#: own output whichever seed a server has (greedy ignores it); our own pool does not ask for it either.
 MUST_AGREE = (
     "model_path",
     "vocab_size",
@@ -60,7 +62,6 @@ MUST_AGREE = (
     "reasoning_parser",
     "preferred_sampling_params",
     "sampling_defaults",
-    "random_seed",
     "enable_deterministic_inference",
     "speculative_algorithm",
 )
