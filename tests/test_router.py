@@ -143,6 +143,20 @@ def test_a_setting_the_router_drops_is_refused_and_the_advice_works(
     assert followed.exit_code == 0, followed.output
 
 
+def test_a_seed_or_a_mix_variant_the_router_would_drop_is_refused(
+    tmp_path: Path, tiny_tokenizer: Path, two_fakes: list[Any]
+) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", varied_rows(4))
+    with router_over([s.url for s in two_fakes], tmp_path / "router.log") as router_url:
+        seeded = run(prompts, tmp_path / "a", tiny_tokenizer, "--server-url", router_url, "--seed", "7")
+        mixed = run(
+            prompts, tmp_path / "b", tiny_tokenizer, "--server-url", router_url,
+            "--mix-entry", 'plain:0.5:{}', "--mix-entry", 'penalised:0.5:{"sampling": {"presence_penalty": 0.5}}',
+        )  # fmt: skip
+    assert seeded.exit_code == 2 and "drops the sampling_params sampling_seed" in seeded.output
+    assert mixed.exit_code == 2 and "drops the sampling_params presence_penalty" in mixed.output
+
+
 def test_workers_of_different_models_are_refused(tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any) -> None:
     base = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id}
     a = FakeSGLangServer(FakeConfig(**base)).start()

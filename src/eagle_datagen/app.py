@@ -519,8 +519,13 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
         check = FactsCheck(config.server.allow_reasoning_parser, model_vocab_size(config.tokenizer))
         check.start(server_facts)  # the same check runs again whenever a server comes back
         for facts in server_facts:
-            if facts.workers:
-                check_router_passes(facts.url, facts.workers, config.sampling.to_request())
+            if facts.workers:  # an sglang-router: every key any record may send must pass through it
+                sent = dict(config.sampling.to_request())
+                for variant in config.mix.variants if config.mix is not None else ():
+                    sent.update(variant.sampling)
+                if config.seed is not None:
+                    sent["sampling_seed"] = config.seed
+                check_router_passes(facts.url, facts.workers, sent)
         concurrency = config.concurrency or default_concurrency([f.max_running_requests for f in server_facts])
         # httpcore scans its whole pool on every request: size it to what is in flight, not larger.
         http = make_http_client(
