@@ -84,7 +84,9 @@ class SpecForgeWriter(_JsonlWriter):
     """SpecForge reads ``input_ids`` and ``loss_mask`` only (``prompt_builder._prompt_from_record``)."""
 
     def write(self, row: TrainRow) -> None:
-        self.handle.write(b'{"input_ids":' + row.ids_json() + b',"loss_mask":' + row.mask_json() + b"}\n")
+        self.handle.write(
+            b"".join([b'{"input_ids":[', *row.ids_parts(), b'],"loss_mask":[', *row.mask_parts(), b"]}\n"])
+        )
 
 
 class SpeculatorsWriter(_JsonlWriter):
@@ -102,44 +104,77 @@ class SpeculatorsWriter(_JsonlWriter):
             "turns": row.turns,
         }
         self.handle.write(
-            b'{"id":'
-            + orjson.dumps(row.id)
-            + b',"input_ids":'
-            + row.ids_json()
-            + b',"loss_mask":'
-            + row.mask_json()
-            + b',"metadata":'
-            + orjson.dumps(metadata)
-            + b"}\n"
+            b"".join(
+                [
+                    b'{"id":',
+                    orjson.dumps(row.id),
+                    b',"input_ids":[',
+                    *row.ids_parts(),
+                    b'],"loss_mask":[',
+                    *row.mask_parts(),
+                    b'],"metadata":',
+                    orjson.dumps(metadata),
+                    b"}\n",
+                ]
+            )
         )
 
 
 class _ArrowBatches:
-    """Collects rows into column lists and hands out a ``pyarrow.RecordBatch`` every :data:`BATCH_TOKENS` ids."""
+    """Collects rows and hands out a ``pyarrow.RecordBatch`` every :data:`BATCH_TOKENS` ids.
+
+    ``input_ids`` / ``loss_mask`` are built per batch, not per row: the rows' id texts are joined and parsed
+    in one ``orjson.loads`` into one int64 array, the masks expanded from their runs with ``numpy.repeat``,
+    and both wrapped as list arrays over shared offsets. The other columns are plain lists."""
 
     def __init__(self, schema: Any) -> None:
         self.pa = need("pyarrow", "the Arrow formats")
+        self.np = need("numpy", "the Arrow formats")
         self.schema = schema
-        self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self.columns: dict[str, list[Any]] = {n: [] for n in schema.names if n not in ("input_ids", "loss_mask")}
+        self.parts: list[Any] = []
+        self.lengths: list[int] = []
+        self.mask_values: list[int] = []
+        self.mask_counts: list[int] = []
         self.tokens = 0
 
-    def add(self, values: dict[str, Any]) -> bool:
+    def add(self, row: TrainRow, values: dict[str, Any]) -> bool:
         for name, column in self.columns.items():
             column.append(values[name])
-        self.tokens += len(values["input_ids"])
-        return self.tokens >= BATCH_TOKENS or len(self.columns["input_ids"]) >= BATCH_ROWS
+        if self.parts:
+            self.parts.append(b",")
+        self.parts += row.ids_parts()
+        self.lengths.append(row.length)
+        for _, n, m in row.segments:
+            self.mask_values.append(m)
+            self.mask_counts.append(n)
+        self.tokens += row.length
+        return self.tokens >= BATCH_TOKENS or len(self.lengths) >= BATCH_ROWS
 
     def take(self) -> Any:
-        batch = self.pa.record_batch(
-            [self.pa.array(self.columns[f.name], type=f.type) for f in self.schema], schema=self.schema
-        )
-        for column in self.columns.values():
+        pa, np = self.pa, self.np
+        offsets = np.zeros(len(self.lengths) + 1, dtype=np.int32)
+        np.cumsum(self.lengths, out=offsets[1:])
+        flat = np.array(orjson.loads(b"".join([b"[", *self.parts, b"]"])), dtype=np.int64)
+        ids_type = self.schema.field("input_ids").type
+        mask_type = self.schema.field("loss_mask").type
+        mask = np.repeat(np.array(self.mask_values, dtype=mask_type.value_type.to_pandas_dtype()), self.mask_counts)
+        arrays = {
+            "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=ids_type.value_type)),
+            "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask, type=mask_type.value_type)),
+        }
+        for name, column in self.columns.items():
+            arrays[name] = pa.array(column, type=self.schema.field(name).type)
             column.clear()
+        self.parts.clear()
+        self.lengths.clear()
+        self.mask_values.clear()
+        self.mask_counts.clear()
         self.tokens = 0
-        return batch
+        return pa.record_batch([arrays[f.name] for f in self.schema], schema=self.schema)
 
     def __len__(self) -> int:
-        return len(self.columns["input_ids"])
+        return len(self.lengths)
 
 
 class ParquetWriter:
@@ -167,15 +202,14 @@ class ParquetWriter:
 
     def write(self, row: TrainRow) -> None:
         full = self.batches.add(
+            row,
             {
                 "id": row.id,
-                "input_ids": row.ids(),
-                "loss_mask": row.mask(),
                 "prompt_len": row.prompt_len,
                 "finish_reason": row.finish,
                 "conversation": row.conversation,
                 "turn": row.turn,
-            }
+            },
         )
         if full:
             self.writer.write_batch(self.batches.take())
@@ -210,7 +244,7 @@ class SpeculatorsDatasetWriter:
         self.writer = pa.ipc.new_stream(self.sink, schema)
 
     def write(self, row: TrainRow) -> None:
-        if self.batches.add({"input_ids": row.ids(), "loss_mask": row.mask(), "seq_len": row.length}):
+        if self.batches.add(row, {"seq_len": row.length}):
             self.writer.write_batch(self.batches.take())
 
     def close(self) -> list[str]:

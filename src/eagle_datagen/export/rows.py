@@ -15,12 +15,22 @@ from typing import Literal
 
 import orjson
 
-from eagle_datagen.export.source import Record
+from eagle_datagen.export.source import Buffer, Record
 
 OverLength = Literal["cut", "drop"]
 FINISH_KINDS = ("stop", "length")
 
-Segment = tuple[bytes, int, int]
+Segment = tuple[Buffer, int, int]
+#: masks up to this many ids are views into one prebuilt ``0,0,...`` / ``1,1,...`` text
+MASK_CACHE = 1 << 17
+_MASKS = {0: b"0," * MASK_CACHE, 1: b"1," * MASK_CACHE}
+
+
+def mask_text(n: int, value: int) -> Buffer:
+    """``0,0,0`` (``n`` values) without a trailing comma."""
+    if n <= MASK_CACHE:
+        return memoryview(_MASKS[value])[: 2 * n - 1]
+    return _MASKS[value][:2] * (n - 1) + _MASKS[value][:1]
 
 
 @dataclass(slots=True)
@@ -50,11 +60,28 @@ class TrainRow:
     def loss_tokens(self) -> int:
         return sum(n for _, n, m in self.segments if m)
 
+    def ids_parts(self) -> list[Buffer]:
+        """The ids' JSON text (without brackets) as pieces to join: no copy of the ids."""
+        parts: list[Buffer] = []
+        for text, _, _ in self.segments:
+            if parts:
+                parts.append(b",")
+            parts.append(text)
+        return parts
+
+    def mask_parts(self) -> list[Buffer]:
+        parts: list[Buffer] = []
+        for _, n, m in self.segments:
+            if parts:
+                parts.append(b",")
+            parts.append(mask_text(n, m))
+        return parts
+
     def ids_json(self) -> bytes:
-        return b"[" + b",".join(text for text, _, _ in self.segments) + b"]"
+        return b"".join([b"[", *self.ids_parts(), b"]"])
 
     def mask_json(self) -> bytes:
-        return b"[" + b",".join(_MASK_TEXT[m] * (n - 1) + _MASK_LAST[m] for _, n, m in self.segments) + b"]"
+        return b"".join([b"[", *self.mask_parts(), b"]"])
 
     def ids(self) -> list[int]:
         ids: list[int] = orjson.loads(self.ids_json())
@@ -71,12 +98,8 @@ class TrainRow:
         out: list[int] = []
         for text, _, m in self.segments:
             if m:
-                out += orjson.loads(b"[" + text + b"]")
+                out += orjson.loads(b"".join([b"[", text, b"]"]))
         return out
-
-
-_MASK_TEXT = {0: b"0,", 1: b"1,"}
-_MASK_LAST = {0: b"0", 1: b"1"}
 
 
 def segments_from(ids: Sequence[int], mask: Sequence[int]) -> list[Segment]:

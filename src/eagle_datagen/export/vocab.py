@@ -32,7 +32,7 @@ from eagle_datagen.verify.verify import format_report
 
 VocabFormat = Literal["specforge", "speculators"]
 COVERAGE_AT = (8192, 16384, 32768, 65536)
-COVERAGE_SHARES = (0.90, 0.95, 0.99)
+COVERAGE_TARGETS = (90, 95, 99)  # percent, as `stats` reports them
 REPORT_NAME = "vocab-map.json"
 COUNT_BATCH = 1 << 20
 
@@ -155,7 +155,9 @@ def build_map(counts: Any, draft_vocab_size: int) -> VocabMap:
 
 
 def coverage(counts: Any, draft_vocab_size: int) -> dict[str, Any]:
-    """Share of trained tokens the top k ids cover (k = 8k/16k/32k/64k and N), and the k for 90/95/99 %."""
+    """Share of trained tokens the top k ids cover (k = 8k/16k/32k/64k and N), and the k for 90/95/99 %.
+
+    The same numbers as ``stats``' coverage section (same tops, same integer rule)."""
     np = need("numpy", "vocab-map")
     total = int(counts.sum())
     cumulative = np.cumsum(np.sort(counts)[::-1])
@@ -168,8 +170,10 @@ def coverage(counts: Any, draft_vocab_size: int) -> dict[str, Any]:
         "tokens": total,
         "distinct_ids": int(np.count_nonzero(counts)),
         "top_k_share": {str(k): round(share(k), 6) for k in (*COVERAGE_AT, draft_vocab_size)},
+        # the smallest k with cumulative[k-1] / total >= q %, in integers (the rule `stats` uses)
         "ids_for_share": {
-            f"{q:.2f}": (int(np.searchsorted(cumulative, q * total) + 1) if total else 0) for q in COVERAGE_SHARES
+            str(q): (int(np.searchsorted(cumulative * 100, q * total, side="left")) + 1 if total else 0)
+            for q in COVERAGE_TARGETS
         },
     }
 
@@ -203,14 +207,14 @@ def write_map(vmap: VocabMap, counts: Any, options: VocabOptions) -> list[str]:
 def vocab_map(options: VocabOptions) -> dict[str, Any]:
     """Counts, builds, writes; returns the report (also written as ``--out/vocab-map.json``)."""
     started = time.perf_counter()
-    need("numpy", "vocab-map")
-    need("torch", f"vocab-map --format {options.fmt} (it writes .pt files)")
     source = open_source(options.directory)
     vocab = target_vocab_size(source, options.target_vocab_size)
     if options.draft_vocab_size > vocab:
         raise UsageError(
             f"--draft-vocab-size {options.draft_vocab_size} is larger than the target vocabulary ({vocab})"
         )
+    need("numpy", "vocab-map")
+    need("torch", f"vocab-map --format {options.fmt} (it writes .pt files)")
     counted = count_tokens(source, vocab, options)
     vmap = build_map(counted.counts, options.draft_vocab_size)
     files = write_map(vmap, counted.counts, options)
@@ -245,7 +249,7 @@ def format_vocab_summary(report: dict[str, Any], options: VocabOptions) -> str:
     cov = report["coverage"]
     n = options.draft_vocab_size
     shares = ", ".join(f"top {int(k):,}: {v:.2%}" for k, v in cov["top_k_share"].items())
-    needed = ", ".join(f"{float(q):.0%} → {k:,}" for q, k in cov["ids_for_share"].items())
+    needed = ", ".join(f"{q} % → {k:,}" for q, k in cov["ids_for_share"].items())
     lines = [
         f"vocab map N={n:,} of {report['target_vocab_size']:,} ids from {cov['tokens']:,} output tokens "
         f"({report['records_counted']:,} records) → {options.out}: {', '.join(report['files'])} + {REPORT_NAME}",
