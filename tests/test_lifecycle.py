@@ -90,11 +90,15 @@ def test_a_write_error_on_failures_jsonl_stops_the_run_with_exit_1(
     with FakeSGLangServer(config(hf_tokenizer, context_length=40, max_running_requests=4)) as server:
         result = invoke(*run_args(prompts, tmp_path / "out", tiny_tokenizer, server.url, "--no-preflight"))
         assert server.stats()["in_flight"] == 0
-    assert result.exit_code == 1, result.output
-    assert "cannot write" in result.output and "failures.jsonl: File too large" in result.output
-    assert f"eagle-datagen resume --out {tmp_path / 'out'}" in result.output
-    gc.collect()  # a request task whose exception nobody looked at would be reported now
-    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+        assert result.exit_code == 1, result.output
+        assert "cannot write" in result.output and "failures.jsonl: File too large" in result.output
+        gc.collect()  # a request task whose exception nobody looked at would be reported now
+        assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+        monkeypatch.undo()  # space is free again, and the server takes these prompts: the printed command continues
+        server.update_config(context_length=8192)
+        resumed = invoke(*advised(result.output, r"Continue with:\n  (.+)"))
+    assert resumed.exit_code == 0, resumed.output
+    assert len(read_records(tmp_path / "out")) == 200
 
 
 @pytest.mark.timeout(90)
@@ -163,7 +167,7 @@ def test_a_bad_row_late_in_the_file_is_found_before_any_request_and_the_advice_w
     assert fake_server.stats()["generate_received"] == 0
     # Nothing was written, so `resume` has nothing to continue, and says what to do instead.
     resumed = invoke("resume", "--out", str(out))
-    assert resumed.exit_code == 2 and f"start it with eagle-datagen run --out {out}" in resumed.output
+    assert resumed.exit_code == 2 and f"start it with `eagle-datagen run` and --out {out}" in resumed.output
     # Both pieces of advice, as written: the same command with --skip-bad-lines, or with the row fixed.
     skipped = invoke(*args, "--skip-bad-lines", "--out", str(tmp_path / "skipped"))
     assert skipped.exit_code == 0, skipped.output
@@ -235,8 +239,12 @@ def test_a_run_in_which_requests_failed_exits_3_and_says_how_many_and_where(
     out = tmp_path / "out"
     with FakeSGLangServer(config(hf_tokenizer, context_length=40)) as server:
         result = invoke(*run_args(prompts, out, tiny_tokenizer, server.url, "--no-preflight"))
-    assert result.exit_code == 3, result.output
-    assert f"finished with 20 failed record(s) (http_400 20): see {out / 'failures.jsonl'}" in result.output
+        assert result.exit_code == 3, result.output
+        assert f"finished with 20 failed record(s) (http_400 20): see {out / 'failures.jsonl'}" in result.output
+        server.update_config(context_length=8192)  # the cause is fixed: the printed command sends them again
+        again = invoke(*advised(result.output, r"; (eagle-datagen resume --out \S+) sends them again"))
+    assert again.exit_code == 0, again.output
+    assert len(read_records(out)) == 20
 
 
 def test_a_complete_run_resumes_without_any_server(tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any) -> None:

@@ -123,7 +123,7 @@ def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
     if out_dir.is_dir() and not any(p.name != ".lock" for p in out_dir.iterdir()):
         raise UsageError(
             f"{out_dir} is empty: no run got as far as writing there (a run stopped by a bad prompt row or a "
-            f"bad option leaves it so); start it with eagle-datagen run --out {shlex.quote(str(out_dir))} ..."
+            f"bad option leaves it so); start it with `eagle-datagen run` and --out {shlex.quote(str(out_dir))}"
         )
     manifest = Manifest.load(out_dir)
     saved = dict(manifest.server.get("options", {}))
