@@ -310,3 +310,32 @@ def test_help_imports_no_optional_dependency() -> None:
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_merge_and_shuffle_together_and_turn_columns_in_parquet(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow.parquet")
+    import pyarrow.parquet as pq
+
+    records = turn_records(8, 2)
+    run = make_run(tmp_path, records, samples=None, shard_size=5)
+    result = run_export(run.out, tmp_path / "a", "--format", "speculators", "--merge-turns", "--shuffle-seed", "3")
+    assert result.exit_code == 0, result.output
+    rows = jsonl_rows(tmp_path / "a" / "train.jsonl")
+    assert sorted(r["id"] for r in rows) == sorted(f"c{i}" for i in range(8))
+    assert [r["id"] for r in rows] != [f"c{i}" for i in range(8)]
+    result = run_export(run.out, tmp_path / "p", "--format", "parquet")
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(tmp_path / "p" / "train.parquet")
+    assert table.column("conversation").to_pylist() == [r["conversation"] for r in records]
+    assert table.column("turn").to_pylist() == [r["turn"] for r in records]
+    assert table.column("prompt_len").to_pylist() == [len(r["prompt_ids"]) for r in records]
+
+
+def test_a_killed_exports_staging_is_swept(run: Any, tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".sf.partial-{dead.stdout.strip()}"
+    stale.mkdir()
+    (stale / "train.jsonl").write_text("half")
+    (tmp_path / f".sf.partial-{dead.stdout.strip()}.arrow-tmp").mkdir()
+    assert run_export(run.out, tmp_path / "sf", "--format", "specforge").exit_code == 0
+    assert not stale.exists() and not list(tmp_path.glob(".sf.partial-*"))

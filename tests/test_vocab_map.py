@@ -113,3 +113,20 @@ def test_draft_size_over_the_vocabulary_is_refused(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 2 and "larger than the target vocabulary" in result.output
+
+
+def test_counting_refuses_a_directory_verify_rejects(tmp_path: Path) -> None:
+    from eagle_datagen.export.command import ExportRefused
+
+    records = single_records(6)
+    records[2] = dict(records[2], output_ids=[*records[2]["output_ids"][:-1], VOCAB + 5])  # out of vocabulary
+    run = make_run(tmp_path, records)
+    options = VocabOptions(run.out, 4, "speculators", tmp_path / "m", progress=False)
+    with pytest.raises(ExportRefused, match="out_of_vocab"):
+        count_tokens(open_source(run.out), VOCAB, options)
+    counted = count_tokens(
+        open_source(run.out),
+        VOCAB,
+        VocabOptions(run.out, 4, "speculators", tmp_path / "m", skip_invalid=True, progress=False),
+    )
+    assert counted.left_out == {"invalid_out_of_vocab": 1} and counted.used_records == 5

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -73,10 +74,25 @@ def prepare_out(out: Path) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} already exists and is not an empty directory; remove it or choose another")
     out.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(out)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     return staging
+
+
+def _sweep_stale(out: Path) -> None:
+    """Removes the staging directories an export killed before its cleanup left beside ``out``."""
+    for path in out.parent.glob(f".{out.name}.partial-*"):
+        match = re.search(r"\.partial-(\d+)(\.arrow-tmp)?$", path.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def publish(staging: Path, out: Path) -> None:
