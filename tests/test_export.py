@@ -339,3 +339,31 @@ def test_a_killed_exports_staging_is_swept(run: Any, tmp_path: Path) -> None:
     (tmp_path / f".sf.partial-{dead.stdout.strip()}.arrow-tmp").mkdir()
     assert run_export(run.out, tmp_path / "sf", "--format", "specforge").exit_code == 0
     assert not stale.exists() and not list(tmp_path.glob(".sf.partial-*"))
+
+
+def test_a_real_run_exports_its_records_exactly(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    """`eagle-datagen run` (fake SGLang, Kimi-style thinking template) → export: the records as written, less
+    exactly the records verify-shard rejects (the fake samples random ids, so a few open reasoning twice)."""
+    from conftest import read_records, varied_rows, write_jsonl
+    from eagle_datagen.verify.verify import verify
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(60))
+    out = tmp_path / "data"
+    args = ["run", "--prompts", str(prompts), "--out", str(out), "--tokenizer", str(tiny_tokenizer)]
+    args += ["--server-url", fake_server.url, "--no-progress", "--max-new-tokens", "24", "--shard-size", "16"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    records = read_records(out)
+    report = verify([out], rerender=False, max_errors=1000)
+    rejected = {f.id for findings in report.examples["error"].values() for f in findings}
+    refused = run_export(out, tmp_path / "x", "--format", "speculators")
+    assert (refused.exit_code == 1) == bool(rejected), refused.output
+
+    result = run_export(out, tmp_path / "sp", "--format", "speculators", "--skip-invalid")
+    assert result.exit_code == 0, result.output
+    rows = jsonl_rows(tmp_path / "sp" / "train.jsonl")
+    kept = [r for r in records if r["id"] not in rejected]
+    assert [r["id"] for r in rows] == [r["id"] for r in kept]
+    assert pairs(rows) == expected_rows(kept)
+    info = orjson.loads((tmp_path / "sp" / "export.json").read_bytes())["counts"]
+    assert sum(info["left_out"].values()) == len(rejected)
