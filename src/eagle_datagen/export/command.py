@@ -331,11 +331,14 @@ def format_summary(
     else:
         lines.append("left out: none")
     if options.rows.max_length is not None:
-        lines.append(
-            f"--max-length {options.rows.max_length} ({options.rows.over_length}): {counts.cut_rows:,} rows cut "
-            f"({counts.cut_tokens:,} tokens removed), {counts.left_out['max_length']:,} dropped, "
-            f"{counts.left_out['max_length_no_output']:,} dropped for having no output left after the cut"
-        )
+        limit = f"--max-length {options.rows.max_length}"
+        if options.rows.over_length == "drop":
+            lines.append(f"{limit} (drop): {counts.left_out['max_length']:,} longer rows dropped")
+        else:
+            lines.append(
+                f"{limit} (cut): {counts.cut_rows:,} rows cut ({counts.cut_tokens:,} tokens removed), "
+                f"{counts.left_out['max_length_no_output']:,} dropped with no output within the limit"
+            )
     if options.rows.merge_turns:
         fallback = ", ".join(f"{k} {n:,}" for k, n in sorted(counts.merge_fallback.items())) or "none"
         lines.append(
@@ -348,6 +351,13 @@ def format_summary(
             "count, missing shard, prompt shape); their records were kept. See `eagle-datagen verify-shard "
             f"{source.directory}`"
         )
+    report = result.report
+    warnings = ", ".join(f"{kind} {n:,}" for kind, n in sorted(report.warnings.items()))
+    lines.append(
+        f"checked: verify-shard's per-record checks on all {report.records:,} records"
+        + (f"; warnings: {warnings}" if warnings else "")
+        + f" (the prompt re-render is left to `eagle-datagen verify-shard {source.directory}`)"
+    )
     if source.partial_records:
         lines.append(
             f"not read: {source.partial_records:,} records in {', '.join(source.partial_files)} (a run that has not "
