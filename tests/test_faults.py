@@ -111,7 +111,6 @@ def test_disk_full_stops_with_resume_advice_and_no_corrupt_shard(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(shards, "WRITE_BUFFER_BYTES", 2000)
     monkeypatch.setattr(shards.os, "write", failing_write)
     result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server.url, "--checkpoint-records", "5"))
     monkeypatch.undo()

@@ -54,6 +54,7 @@ from eagle_datagen.server.facts import (
 from eagle_datagen.server.launcher import ManagedServer, redact
 from eagle_datagen.server.recovery import make_recover
 from eagle_datagen.server.router import ManagedRouter, check_router_passes
+from eagle_datagen.store.lock import LOCK_NAME, check_not_in_use, hold
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan
 from eagle_datagen.store.shards import ShardStore
@@ -110,9 +111,12 @@ def run_command(options: dict[str, Any]) -> Outcome:
     The prompts file is validated before anything is written (the directory stays empty), so after a
     bad row the same command (with the row fixed, or with ``--skip-bad-lines``) works as it is."""
     config = build_run_config(options)
+    check_not_in_use(config.out_dir)  # a live writer is named, not reported as "not empty"
     prepare_new_out_dir(config.out_dir)
-    scan = scan_prompts(config, frozenset())
-    return _run_until_stopped(_execute(config, options, resume=False, scan=scan), config.out_dir)
+    with hold(config.out_dir, "eagle-datagen run"):  # one writer per directory, for the whole run
+        prepare_new_out_dir(config.out_dir)  # still unused, now that nobody else can write there
+        scan = scan_prompts(config, frozenset())
+        return _run_until_stopped(_execute(config, options, resume=False, scan=scan), config.out_dir)
 
 
 def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
@@ -120,6 +124,11 @@ def resume_command(out_dir: Path, options: dict[str, Any]) -> Outcome:
 
     A server choice given now (``--model`` or ``--server-url``) replaces the saved one: ``--model``
     alone drops the saved ``--server-url`` list, so the server is launched here."""
+    with hold(out_dir, "eagle-datagen resume"):  # one writer per directory, for the whole resume
+        return _resume(out_dir, options)
+
+
+def _resume(out_dir: Path, options: dict[str, Any]) -> Outcome:
     if out_dir.is_dir() and not any(p.name != ".lock" for p in out_dir.iterdir()):
         raise UsageError(
             f"{out_dir} is empty: no run got as far as writing there (a run stopped by a bad prompt row or a "
@@ -202,7 +211,7 @@ def bad_row_advice(exc: BadInputError, out_dir: Path) -> BadInputError:
 def prepare_new_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; give a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
+    if out_dir.is_dir() and any(p.name != LOCK_NAME for p in out_dir.iterdir()):
         if (out_dir / MANIFEST_NAME).is_file():
             raise UsageError(
                 f"--out {out_dir} is not empty. To continue the run there: {resume_hint(out_dir)}; "
@@ -288,6 +297,9 @@ async def _execute(
             f"  repaired a torn tail: dropped {report.truncated_bytes} bytes ({report.truncated_lines} incomplete line(s)) "
             "from the partial shard; those requests are sent again"
         )
+    if report.adopted or report.duplicates_dropped:
+        echo(f"  adopted out-of-place partial shards ({', '.join(report.adopted)}); dropped "
+             f"{report.duplicates_dropped} records other shards already hold")  # fmt: skip
     if resume:
         echo(f"  already done: {len(store.done)} records")
 

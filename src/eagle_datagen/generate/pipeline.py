@@ -314,7 +314,8 @@ class Pipeline:
         """Stop sending; requests in flight may finish within the grace period of :meth:`run`.
 
         Items not in flight (waiting for a slot, a server or a retry backoff) end at once, unsent
-        (``resume`` sends them); so does the preflight.
+        (``resume`` sends them); so does the preflight. What was accepted is fsynced at once, before
+        the drain, not after it.
         """
         if self.stopping.is_set():
             return
@@ -328,6 +329,13 @@ class Pipeline:
                 task.cancel()
         with contextlib.suppress(RuntimeError):  # no running loop: nothing is in flight
             self._grace_timer = asyncio.get_running_loop().call_later(self._grace_s, self._cancel_in_flight)
+        self._checkpoint_on_stop()
+
+    def _checkpoint_on_stop(self) -> None:
+        try:
+            self.checkpoint()
+        except OutputWriteError as exc:
+            self._fail_run(exc)
 
     def _cancel_in_flight(self) -> None:
         """The grace period is over (or nothing more can be written): abandon what is in flight."""

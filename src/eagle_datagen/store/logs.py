@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -10,33 +11,43 @@ from typing import Any
 
 import orjson
 
-from eagle_datagen.store.durable import write_error
+from eagle_datagen.store.durable import FILE_MODE, write_error
 
 FAILURES_NAME = "failures.jsonl"
 REJECTS_NAME = "rejects.jsonl"
 
 
 class JsonlLog:
-    """An append-only JSONL file, fsynced at checkpoints; ``truncate`` starts it afresh."""
+    """An append-only JSONL file: each entry reaches the kernel as one whole line when appended, and is
+    fsynced at checkpoints; ``truncate`` starts it afresh."""
 
     def __init__(self, path: Path, *, truncate: bool = False) -> None:
         self.path = path
         self.count = 0
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
         try:
-            self._fd: int | None = os.open(path, flags, 0o644)
+            self._fd: int | None = os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+            if not truncate:
+                _drop_torn_tail(path)
+            self._size = os.fstat(self._fd).st_size
         except OSError as exc:
             raise write_error(path, exc) from exc
-        if not truncate:
-            _drop_torn_tail(path)
 
     def append(self, entry: dict[str, Any]) -> None:
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **entry}
         assert self._fd is not None
+        line = orjson.dumps(entry) + b"\n"
+        view = memoryview(line)
         try:
-            os.write(self._fd, orjson.dumps(entry) + b"\n")
+            while view:
+                view = view[os.write(self._fd, view) :]
         except OSError as exc:
+            with contextlib.suppress(OSError):  # never leave half a line for the next entry to follow
+                os.ftruncate(self._fd, self._size)
             raise write_error(self.path, exc) from exc
+        finally:
+            view.release()
+        self._size += len(line)
         self.count += 1
 
     def checkpoint(self) -> None:

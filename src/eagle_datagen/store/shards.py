@@ -6,13 +6,21 @@ Layout under ``DIR/shards/``::
     shard_00000.ids        the ids it holds, one per line (so resume never re-parses token lists)
     shard_00001.jsonl.partial   the shard being written
 
-Records are appended as whole lines and fsynced at checkpoints; a crash can only leave a torn
-last line, which :meth:`ShardStore.open` truncates away (and says so). The shards are the truth:
-``.ids`` files and the manifest are rebuilt from them when they disagree.
+Each record is handed to the kernel (one ``os.write`` of its whole line) the moment it is accepted, so a
+process death (``kill -9``, OOM, SIGKILL after a grace period) loses no accepted record. ``fsync`` at
+checkpoints, at a finalize and at the first stop signal bounds what an OS crash or a power loss can take;
+such a crash can leave a torn last line, which :meth:`ShardStore.open` truncates away (and says so). The
+shards are the truth: ``.ids`` files and the manifest are rebuilt from them when they disagree.
+
+One writer per directory (``store/lock.py``). :meth:`ShardStore.open` also adopts what two writers of an
+older version may have left: a ``.partial`` below finalized shards keeps its own index (or gets a fresh
+one when a finalized shard holds that name), records it shares with other shards are dropped, and every
+``.partial`` but the last is finalized as a short shard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -23,12 +31,11 @@ from typing import Any
 
 import orjson
 
-from eagle_datagen.store.durable import fsync_dir, write_atomic, write_error
+from eagle_datagen.store.durable import FILE_MODE, fsync_dir, sweep_temp_files, write_atomic, write_error
 
 SHARD_RE = re.compile(r"^shard_(\d{5,})\.jsonl(\.partial)?$")
 #: Records start with their id (orjson keeps insertion order), so resume reads just that much.
 ID_PREFIX_RE = re.compile(rb'^\{"id":("(?:[^"\\]|\\.)*")')
-WRITE_BUFFER_BYTES = 1 << 20
 
 
 def shard_name(index: int) -> str:
@@ -56,6 +63,12 @@ class OpenReport:
     truncated_bytes: int = 0
     truncated_lines: int = 0
     rebuilt: list[str] = field(default_factory=list)
+    #: ``.NAME.XXXX.tmp`` files a crash inside ``write_atomic`` left, removed.
+    swept: list[str] = field(default_factory=list)
+    #: Partials that were out of place (``"old → new"`` when renamed, else the name), adopted.
+    adopted: list[str] = field(default_factory=list)
+    #: Records of a partial that other shards already hold (two writers), dropped from it.
+    duplicates_dropped: int = 0
 
 
 def record_id(line: bytes) -> str | None:
@@ -88,51 +101,66 @@ def file_sha256(path: Path) -> str:
 
 
 class ShardStore:
-    """Writes records to shards of ``shard_size`` lines; one writer per output directory."""
+    """Writes records to shards of ``shard_size`` lines; one writer per output directory (``DIR/.lock``)."""
 
     def __init__(self, directory: Path, shard_size: int, on_finalize: Callable[[ShardInfo], None]) -> None:
         self.directory = directory
         self.shard_size = shard_size
         self.on_finalize = on_finalize
         self.done: set[str] = set()
-        self._index = 0
+        self._index = 0  # of the partial being written, or of the next one
+        self._next = 0  # above every shard index present
         self._fd: int | None = None
+        self._size = 0  # bytes of whole lines in the partial
         self._count = 0
         self._ids: list[str] = []
         self._hash = hashlib.sha256()
-        self._buffer = bytearray()
 
     # --- opening -------------------------------------------------------------------------
 
     def open(self, known: dict[str, ShardInfo]) -> OpenReport:
         """Scans existing shards (``known`` from the manifest), repairs a torn tail, loads done ids."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        report = OpenReport()
+        report = OpenReport(swept=sweep_temp_files(self.directory))
         finals: list[tuple[int, Path]] = []
         partials: list[tuple[int, Path]] = []
         for path in self.directory.iterdir():
             match = SHARD_RE.match(path.name)
             if match:
                 (partials if match.group(2) else finals).append((int(match.group(1)), path))
-        for index, path in sorted(finals):
+        for _, path in sorted(finals):
             info = self._load_final(path, known.get(path.name), report)
             report.finalized.append(info)
-            self._index = max(self._index, index + 1)
-        if len(partials) > 1:
-            names = ", ".join(p.name for _, p in sorted(partials))
-            raise write_error(self.directory, OSError(f"more than one partial shard ({names}); keep one"))
-        if partials:
-            index, path = partials[0]
-            self._index = max(self._index, index)
+        taken = {index for index, _ in finals}
+        self._next = max([0, *(index + 1 for index, _ in finals + partials)])
+        partials.sort()
+        for n, (index, path) in enumerate(partials):
+            last = n == len(partials) - 1
+            if index in taken:  # two writers: a finalized shard already has this partial's name
+                renamed = self.directory / (shard_name(self._next) + ".partial")
+                self._rename(path, renamed)
+                report.adopted.append(f"{path.name} → {renamed.name}")
+                index, path = self._next, renamed
+                self._next += 1
+            elif not last or index + 1 < self._next:
+                report.adopted.append(path.name)
+            self._index = index
             self._reopen_partial(path, report)
+            if not last and self._fd is not None:
+                if self._count:
+                    self._finalize()  # an extra partial becomes a short shard
+                else:
+                    self._discard_partial()
+        if self._fd is None:
+            self._index = self._next
         return report
 
     def _load_final(self, path: Path, info: ShardInfo | None, report: OpenReport) -> ShardInfo:
         ids_path = path.with_suffix(".ids")
         ids: list[str] | None = None
         if info is not None and ids_path.is_file():
-            ids = ids_path.read_text(encoding="utf-8").splitlines()
-            if len(ids) != info.records:
+            ids = _read_ids(ids_path)
+            if ids is not None and len(ids) != info.records:
                 ids = None
         if ids is None or info is None:
             ids = list(iter_ids(path))
@@ -143,25 +171,40 @@ class ShardStore:
         return info
 
     def _reopen_partial(self, path: Path, report: OpenReport) -> None:
+        """Keeps the partial's whole, parseable lines up to the first torn one, minus records other
+        shards already hold (only two writers leave those)."""
+        kept: list[bytes] = []
+        duplicates = 0
+        torn = 0
         good = 0
         with path.open("rb") as handle:
             for line in handle:
                 rid = record_id(line) if line.endswith(b"\n") else None
-                if rid is None or rid in self.done:
+                if rid is None:
                     break
+                good += len(line)
+                if rid in self.done:
+                    duplicates += 1
+                    continue
                 self.done.add(rid)
                 self._ids.append(rid)
                 self._hash.update(line)
-                good += len(line)
+                kept.append(line)
         size = path.stat().st_size
         if size > good:
-            report.truncated_bytes = size - good
+            torn = size - good
             with path.open("rb") as handle:
                 handle.seek(good)
-                report.truncated_lines = max(1, handle.read().count(b"\n"))
+                report.truncated_lines += max(1, handle.read().count(b"\n"))
+            report.truncated_bytes += torn
+        if duplicates:
+            report.duplicates_dropped += duplicates
+            write_atomic(path, b"".join(kept))
+        elif torn:
             os.truncate(path, good)
         self._count = len(self._ids)
-        report.partial_records = self._count
+        self._size = sum(len(line) for line in kept)
+        report.partial_records += self._count
         self._open_fd(path)
         if self._count >= self.shard_size:
             self._finalize()
@@ -169,18 +212,20 @@ class ShardStore:
     # --- writing -------------------------------------------------------------------------
 
     def append(self, rid: str, line: bytes) -> None:
-        """Appends one record line (ending in a newline) unless ``rid`` is already stored."""
+        """Appends one record line (ending in a newline) unless ``rid`` is already stored.
+
+        The line reaches the kernel before this returns (one ``os.write``): a process death from now on
+        cannot lose it; an OS crash before the next :meth:`checkpoint` can.
+        """
         if rid in self.done:
             return
         if self._fd is None:
-            self._open_fd(self.directory / (shard_name(self._index) + ".partial"))
-        self._buffer += line
+            self._open_fd(self._partial_path)
+        self._write(line)
         self._hash.update(line)
         self._ids.append(rid)
         self.done.add(rid)
         self._count += 1
-        if len(self._buffer) >= WRITE_BUFFER_BYTES:
-            self._write_buffer()
         if self._count >= self.shard_size:
             self._finalize()
 
@@ -190,8 +235,7 @@ class ShardStore:
             self._finalize()
 
     def checkpoint(self) -> None:
-        """Everything appended so far is on disk after this returns."""
-        self._write_buffer()
+        """Everything appended so far survives an OS crash or power loss after this returns (fsync)."""
         if self._fd is not None:
             try:
                 os.fsync(self._fd)
@@ -213,35 +257,45 @@ class ShardStore:
 
     def _open_fd(self, path: Path) -> None:
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             fsync_dir(self.directory)
         except OSError as exc:
             raise write_error(path, exc) from exc
 
-    def _write_buffer(self) -> None:
-        if not self._buffer or self._fd is None:
-            return
-        view = memoryview(self._buffer)
+    def _write(self, line: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(line)
         try:
             while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+                view = view[os.write(self._fd, view) :]
         except OSError as exc:
-            # Keep the file ending on a whole line: drop the part of this buffer that landed.
-            self._truncate_to_last_newline()
+            # Keep the file ending on a whole line: cut off the part of this line that landed.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
             raise write_error(self._partial_path, exc) from exc
         finally:
             view.release()
-        self._buffer.clear()
+        self._size += len(line)
 
-    def _truncate_to_last_newline(self) -> None:
+    def _rename(self, source: Path, target: Path) -> None:
+        try:
+            os.replace(source, target)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise write_error(target, exc) from exc
+
+    def _discard_partial(self) -> None:
+        """An extra partial left without a record of its own: removed."""
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
         path = self._partial_path
         try:
-            with path.open("rb") as handle:
-                data = handle.read()
-            os.truncate(path, data.rfind(b"\n") + 1)
-        except OSError:
-            pass
+            os.unlink(path)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise write_error(path, exc) from exc
+        self._reset()
 
     def _finalize(self) -> None:
         partial = self._partial_path
@@ -251,14 +305,29 @@ class ShardStore:
         os.close(self._fd)
         self._fd = None
         write_atomic(final.with_suffix(".ids"), "".join(f"{i}\n" for i in self._ids).encode())
-        try:
-            os.replace(partial, final)
-            fsync_dir(self.directory)
-        except OSError as exc:
-            raise write_error(final, exc) from exc
+        self._rename(partial, final)
         info = ShardInfo(final.name, self._count, self._hash.hexdigest())
-        self._index += 1
+        self._reset()
+        self.on_finalize(info)
+
+    def _reset(self) -> None:
+        self._next = max(self._next, self._index + 1)
+        self._index = self._next
         self._count = 0
+        self._size = 0
         self._ids = []
         self._hash = hashlib.sha256()
-        self.on_finalize(info)
+
+
+def _read_ids(path: Path) -> list[str] | None:
+    """The ids of a ``.ids`` sidecar, split on ``\\n`` only (ids may hold U+2028 and other separators);
+    ``None`` when it is not a whole, UTF-8 sidecar."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text:
+        return []
+    if not text.endswith("\n"):
+        return None
+    return text[:-1].split("\n")
