@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,8 +69,9 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(
 ) -> None:
     url, _ = fake_process
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(600))
-    common = ["--server-url", url, "--no-progress", "--concurrency", "2", "--checkpoint-records", "3",
-              "--checkpoint-interval-s", "0.05"]  # fmt: skip
+    # Default checkpoints (1000 records / 10 s): they bound only what an OS crash can take, not a kill -9.
+    concurrency = 2
+    common = ["--server-url", url, "--no-progress", "--concurrency", str(concurrency)]
     plan = [
         "--prompts",
         str(prompts),
@@ -89,23 +92,32 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(
     out = tmp_path / "out"
     rng = random.Random(1234)
     kills = 0
-    command = cli("run", *plan, "--out", str(out), *common)
+    first = cli("run", *plan, "--out", str(out), *common)
+    command = first
     finished = False
     progress: list[int] = [0]  # records on disk after each kill: kills must land mid-run
+    sent = fake_responses(url)
     while kills < 12 and not finished:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(1.6, 2.6))  # start-up (imports, tokenizer) takes about 1.5 s
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             kills += 1
-        else:
-            finished = process.returncode == 0
-        process.wait()
+        _, stderr = process.communicate()
+        if process.returncode != -signal.SIGKILL:
+            assert process.returncode == 0, stderr.decode()
+            finished = True
         assert_lines_parse(out)
         done = [r["id"] for r in read_records_tolerant(out)]
         assert len(done) == len(set(done)), "an id was written twice"
+        # Every response the fake finished sending is on disk, but for the requests in flight at the kill
+        # (at most --concurrency) and the process's preflight, whose output is never a record.
+        sent_before, sent = sent, fake_responses(url)
+        lost = (sent - sent_before) - (len(done) - progress[-1])
+        assert lost <= concurrency + 1, f"{lost} finished responses lost to kill -9 #{kills}"
         progress.append(len(done))
-        command = cli("resume", "--out", str(out))
+        # Killed before its manifest (a slow start-up): `run` again, as its refusal of a used --out allows.
+        command = cli("resume", "--out", str(out)) if (out / "manifest.json").exists() else first
     assert kills >= 10, f"only {kills} kills landed before the run finished"
 
     final = subprocess.run(cli("resume", "--out", str(out)), capture_output=True, text=True, timeout=300)
@@ -119,6 +131,17 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(
     manifest = orjson.loads((out / "manifest.json").read_bytes())
     assert sum(s["records"] for s in manifest["shards"]) == 600  # the last, short shard is finalized too
     assert sum(1 for a, b in itertools.pairwise(progress) if b > a) >= 5, progress
+
+
+def fake_responses(url: str) -> int:
+    """Responses the fake SGLang has finished sending, once nothing is in flight there any more."""
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{url}/fake/stats", timeout=10) as reply:
+            stats = orjson.loads(reply.read())
+        if stats["in_flight"] == 0 or time.monotonic() > deadline:
+            return int(stats["generate_responses"])
+        time.sleep(0.05)
 
 
 def read_records_tolerant(out: Path) -> list[dict[str, Any]]:
@@ -277,3 +300,72 @@ def test_sigint_stops_cleanly_and_prints_the_resume_command(
 
 def test_environment_is_clean() -> None:
     assert "EAGLE_DATAGEN_API_KEY" not in os.environ
+
+
+def test_sigterm_then_sigkill_loses_no_response_received_before_the_signal(
+    tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any
+) -> None:
+    """What Kubernetes does at the end of a grace period shorter than the run's (review 2026-12 D2, r25)."""
+    from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+
+    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, latency_s=0.02,
+                        max_running_requests=8)  # fmt: skip
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(2000))
+    out = tmp_path / "out"
+    with FakeSGLangServer(config) as server:
+        process = subprocess.Popen(
+            cli("run", "--prompts", str(prompts), "--tokenizer", str(tiny_tokenizer), "--server-url", server.url,
+                "--out", str(out), "--no-progress", "--concurrency", "8", "--max-new-tokens", "16"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while server.stats()["generate_responses"] < 100:
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.02)
+        server.update_config(latency_s=60.0)  # from now on, what is sent stays in flight
+        time.sleep(0.5)
+        received = server.stats()["generate_responses"] - 1  # minus the preflight
+        process.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # well inside the 30 s grace period
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert len(read_records_tolerant(out)) >= received > 0
+
+
+def test_the_first_stop_request_checkpoints_at_once() -> None:
+    """Before the drain, not after it: a node going down during the grace period keeps what arrived."""
+    asyncio.run(_first_stop_request_checkpoints())
+
+
+async def _first_stop_request_checkpoints() -> None:  # request_stop runs on the loop (a signal handler)
+    import types
+
+    from eagle_datagen.errors import OutputWriteError
+    from eagle_datagen.generate.pipeline import Pipeline, Stats
+
+    calls: list[str] = []
+    store = types.SimpleNamespace(checkpoint=lambda: calls.append("store"))
+    failures = types.SimpleNamespace(checkpoint=lambda: calls.append("failures"))
+    producer = types.SimpleNamespace(stop=types.SimpleNamespace(set=lambda: None))
+    pipeline = Pipeline(
+        producer=producer, pool=None, http=None, transport=None, request_timeout_s=1.0,  # type: ignore[arg-type]
+        store=store, failures=failures, sampling_params={}, stop_ids=None, concurrency=1,  # type: ignore[arg-type]
+        max_retries=0, checkpoint_records=1000, checkpoint_interval_s=10.0, stall_timeout_s=60.0,
+        preflight=False, stats=Stats(),
+    )  # fmt: skip
+    pipeline.request_stop()
+    assert calls == ["store", "failures"]
+    pipeline.request_stop()  # a later call (the run's own clean-up) does not fsync again
+    assert calls == ["store", "failures"]
+
+    def full() -> None:
+        raise OutputWriteError("cannot write shard: the disk is full")
+
+    broken = Pipeline(
+        producer=producer, pool=None, http=None, transport=None, request_timeout_s=1.0,  # type: ignore[arg-type]
+        store=types.SimpleNamespace(checkpoint=full), failures=failures, sampling_params={},  # type: ignore[arg-type]
+        stop_ids=None, concurrency=1, max_retries=0, checkpoint_records=1000, checkpoint_interval_s=10.0,
+        stall_timeout_s=60.0, preflight=False, stats=Stats(),
+    )  # fmt: skip
+    broken.request_stop()  # from a signal handler: the error stops the run with its message, it is not lost
+    assert isinstance(broken.fatal, OutputWriteError)
