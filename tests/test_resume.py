@@ -98,8 +98,13 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(
     progress: list[int] = [0]  # records on disk after each kill: kills must land mid-run
     sent = fake_responses(url)
     while kills < 12 and not finished:
+        received = fake_stats(url)["generate_received"]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(1.6, 2.6))  # start-up (imports, tokenizer) takes about 1.5 s
+        deadline = time.monotonic() + 120  # start-up takes 1.5 s, or much more on a loaded machine
+        while fake_stats(url)["generate_received"] < received + 2 and process.poll() is None:
+            assert time.monotonic() < deadline, "the run sent nothing"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.0))  # the kill lands mid-run, at a random moment
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             kills += 1
@@ -133,12 +138,17 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(
     assert sum(1 for a, b in itertools.pairwise(progress) if b > a) >= 5, progress
 
 
+def fake_stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/fake/stats", timeout=10) as reply:
+        stats: dict[str, Any] = orjson.loads(reply.read())
+    return stats
+
+
 def fake_responses(url: str) -> int:
     """Responses the fake SGLang has finished sending, once nothing is in flight there any more."""
     deadline = time.monotonic() + 30
     while True:
-        with urllib.request.urlopen(f"{url}/fake/stats", timeout=10) as reply:
-            stats = orjson.loads(reply.read())
+        stats = fake_stats(url)
         if stats["in_flight"] == 0 or time.monotonic() > deadline:
             return int(stats["generate_responses"])
         time.sleep(0.05)
