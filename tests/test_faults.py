@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,14 @@ def test_an_outage_pauses_dispatch_instead_of_burning_retries(
 ) -> None:
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(300))
     with FakeSGLangServer(clean_config(hf_tokenizer, latency_s=0.01)) as server:
-        timer = threading.Timer(0.8, server.restart_after, args=(3.0,))
+
+        def outage_mid_run() -> None:  # after the preflight and some records, however slow the start-up
+            deadline = time.monotonic() + 120
+            while server.stats()["generate_responses"] < 10 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            server.restart_after(3.0)
+
+        timer = threading.Thread(target=outage_mid_run)
         timer.start()
         result = invoke(*run_args(prompts, tmp_path / "out", tiny_tokenizer, server.url, "--max-retries", "1"))
         timer.join()
