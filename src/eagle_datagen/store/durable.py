@@ -31,13 +31,10 @@ def write_atomic(path: Path, data: bytes) -> None:
     """
     tmp, fd = _create_temp(path)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except OSError as exc:
