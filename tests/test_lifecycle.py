@@ -289,11 +289,15 @@ def test_several_samples_with_greedy_sampling_warn(tmp_path: Path, tiny_tokenize
         *run_args(prompts, tmp_path / "greedy", tiny_tokenizer, fake_server.url, "--samples-per-prompt", "4")
     )
     assert greedy.exit_code == 0, greedy.output
-    assert "warning: --samples-per-prompt 4 with greedy sampling" in greedy.output
+    assert "warning: --samples-per-prompt 4 with greedy sampling (the run's)" in greedy.output
     sampled = invoke(*run_args(prompts, tmp_path / "sampled", tiny_tokenizer, fake_server.url,
                                "--samples-per-prompt", "4", "--temperature", "0.7"))  # fmt: skip
     assert sampled.exit_code == 0, sampled.output
     assert "greedy sampling" not in sampled.output
+    mixed = invoke(*run_args(prompts, tmp_path / "mixed", tiny_tokenizer, fake_server.url, "--samples-per-prompt", "4",
+                             "--mix-entry", 'hot:1:{"sampling": {"temperature": 0.7}}', "--mix-entry", "cold:1:{}"))  # fmt: skip
+    assert mixed.exit_code == 0, mixed.output
+    assert "with greedy sampling (mix variant(s) cold)" in mixed.output
 
 
 # --- D10, D11, D20 (items 6, 11): Python version, render workers ---------------------------------------------

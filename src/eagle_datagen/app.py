@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Coroutine, Iterator
+from collections.abc import AsyncIterator, Collection, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,10 +281,11 @@ async def _execute(
     echo(f"  chat template kwargs: {config.chat_template_kwargs or '{}'}; stop ids: {stop_ids}")
     if config.mix is not None:
         echo(f"  mix (per {config.mix.per}, seed {config.mix.seed}): {describe_mix(config.mix)}")
-    if config.samples_per_prompt > 1 and is_greedy(config.sampling.params):
+    if config.samples_per_prompt > 1 and (greedy := greedy_samplings(config)):
         echo(
-            f"  warning: --samples-per-prompt {config.samples_per_prompt} with greedy sampling: the samples of a "
-            "prompt will be (nearly) identical; set --temperature > 0 (and --top-k other than 1) for distinct ones"
+            f"  warning: --samples-per-prompt {config.samples_per_prompt} with greedy sampling ({greedy}): the "
+            "samples of a prompt will be (nearly) identical; set --temperature > 0 (and --top-k other than 1) for "
+            "distinct ones"
         )
 
     store = ShardStore(out / SHARDS_DIR, config.shard_size, manifest.add_shard)
@@ -449,9 +450,18 @@ async def _execute(
     return Outcome(summary=summary, interrupted=interrupted, out_dir=out, exit_code=code)
 
 
-def is_greedy(params: dict[str, Any]) -> bool:
+def is_greedy(params: Mapping[str, Any]) -> bool:
     """Sampling that gives one output per prompt: temperature 0, or top_k 1."""
     return params.get("temperature") == 0 or params.get("top_k") == 1
+
+
+def greedy_samplings(config: RunConfig) -> str:
+    """Which of the run's samplings are greedy ("" if none): the run's, or each mix variant's over it."""
+    base = config.sampling.to_request()
+    if config.mix is None:
+        return "the run's" if is_greedy(base) else ""
+    names = [v.name for v in config.mix.variants if is_greedy({**base, **v.sampling})]
+    return f"mix variant(s) {', '.join(names)}" if names else ""
 
 
 def failed_requests(out: Path, done: Collection[str]) -> Counter[str]:
