@@ -4,6 +4,8 @@
    (parse + validate + key, what `run` does before rendering): rows/s, and the time to the first row.
 2. The plan's pin of each input (`PromptSource.identity()`): sha256 of the whole file vs Parquet's footer.
 3. `merge` over P partitions of R records each (synthetic finished run directories with .ids sidecars).
+4. `--first-request`: spawn `eagle-datagen run` → the first /generate at a fake server, for the JSONL and the
+   Parquet input (the whole input is validated before the first request, so this grows with its size).
 
     .venv/bin/python scripts/bench_scale.py --rows 1000000 --partitions 8 --records 100000
 """
@@ -96,6 +98,22 @@ def bench_inputs(n: int, root: Path) -> None:
         )
 
 
+def bench_first_request(root: Path, repeat: int) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_client import FakeServer, cpu_cores, tiny_tokenizer, tokenizer_ids
+    from bench_memory import first_request_s
+
+    tokenizer = tiny_tokenizer(root)
+    vocab, eos = tokenizer_ids(tokenizer)
+    _, server_core = cpu_cores()
+    with FakeServer({"vocab_size": vocab, "eos_id": eos, "fixed_output_len": 4}, root, server_core) as fake:
+        for name in ("p.jsonl", "p.parquet"):
+            times = [first_request_s(root / name, tokenizer, fake, root) for _ in range(repeat)]
+            print(f"first request, {name}: {', '.join(f'{x:.2f}' for x in times)} s")
+
+
 def bench_merge(partitions: int, records: int, root: Path) -> None:
     from eagle_datagen.inputs.partition import Partition, partition_of
     from eagle_datagen.inputs.sources import open_source
@@ -145,10 +163,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--first-request", type=int, default=0, metavar="REPEAT", help="measure it REPEAT times")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
         bench_inputs(args.rows, root)
+        if args.first_request:
+            bench_first_request(root, args.first_request)
         bench_merge(args.partitions, args.records, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
