@@ -204,3 +204,12 @@ def test_resume_keeps_the_partition(tmp_path: Path, tiny_tokenizer: Path, fake_s
     assert result.exit_code == 0, result.output
     assert {r["id"] for r in read_records(out)} == first
     assert all(partition_of(rid, 2) == 1 for rid in first)
+
+
+def test_merge_refuses_a_run_with_a_live_writer(tmp_path: Path, array_of_three: tuple[Path, list[Path]]) -> None:
+    from eagle_datagen.store.lock import hold
+
+    _, outs = array_of_three
+    with hold(outs[1], "eagle-datagen resume"), pytest.raises(UsageError, match=rf"{outs[1]} is in use by pid"):
+        merge_runs(tmp_path / "m", outs)
+    assert merge_runs(tmp_path / "m", outs).records == 120  # once the writer is gone

@@ -20,7 +20,6 @@ sha256 come from the partitions' manifests.
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from eagle_datagen.errors import UsageError
 from eagle_datagen.generate.pipeline import record_ids
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.sources import Columns
+from eagle_datagen.store.lock import check_not_in_use
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, plan_differences
 from eagle_datagen.store.shards import SHARD_RE, ShardInfo, iter_ids, shard_name
@@ -159,16 +159,7 @@ def _load_run(directory: Path) -> _Run:
 
 
 def _refuse_live_writer(directory: Path) -> None:
-    try:
-        lock = importlib.import_module("eagle_datagen.store.lock")
-    except ImportError:  # the directory lock is not in this build
-        return
-    holder = getattr(lock, "lock_holder", None) or getattr(lock, "is_locked", None)
-    if holder is None:
-        return
-    pid = holder(directory)
-    if pid:
-        raise UsageError(f"{directory} is in use by pid {pid}: wait for that run to finish, then merge")
+    check_not_in_use(directory)  # DirectoryInUse names the pid and how to stop it
 
 
 def _without_partition(plan: dict[str, Any]) -> dict[str, Any]:
