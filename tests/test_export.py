@@ -367,3 +367,9 @@ def test_a_real_run_exports_its_records_exactly(tmp_path: Path, tiny_tokenizer: 
     assert pairs(rows) == expected_rows(kept)
     info = orjson.loads((tmp_path / "sp" / "export.json").read_bytes())["counts"]
     assert sum(info["left_out"].values()) == len(rejected)
+
+
+def test_an_export_with_no_row_left_is_refused(run: Any, tmp_path: Path) -> None:
+    result = run_export(run.out, tmp_path / "x", "--format", "specforge", "--max-length", "1", "--over-length", "drop")
+    assert result.exit_code == 1 and "no row is left to export from 21 records (max_length 21)" in result.output
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.partial-*"))

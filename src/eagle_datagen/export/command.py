@@ -245,6 +245,12 @@ def export(options: ExportOptions) -> ExportResult:
                     exporter.second_pass(source, rows_bar.update)
                 finally:
                     rows_bar.close()
+            if exporter.counts.rows == 0:
+                left = ", ".join(f"{k} {n:,}" for k, n in sorted(exporter.counts.left_out.items())) or "no records"
+                raise ExportRefused(
+                    f"no row is left to export from {exporter.counts.records:,} records ({left}); nothing was "
+                    "written. Loosen --include-finish / --max-length, or check the run"
+                )
         except BaseException:
             writer.abort()
             raise

@@ -216,6 +216,9 @@ def vocab_map(options: VocabOptions) -> dict[str, Any]:
     need("numpy", "vocab-map")
     need("torch", f"vocab-map --format {options.fmt} (it writes .pt files)")
     counted = count_tokens(source, vocab, options)
+    if counted.tokens == 0:
+        left = ", ".join(f"{k} {n:,}" for k, n in sorted(counted.left_out.items())) or "no records"
+        raise ExportRefused(f"no output token to count in {counted.records:,} records ({left}); no map was written")
     vmap = build_map(counted.counts, options.draft_vocab_size)
     files = write_map(vmap, counted.counts, options)
     report = {
