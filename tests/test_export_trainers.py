@@ -21,7 +21,7 @@ SGLANG_PYTHON = Path(os.environ.get("SGLANG_VENV", ROOT / ".venv-sglang")) / "bi
 TRAINERS = Path(os.environ.get("TRAINERS_DIR", ROOT / ".trainers"))
 DRAFT_SIZES = (64, 900)  # 900 > the distinct output ids: the padded case
 
-pytestmark = pytest.mark.trainers
+pytestmark = [pytest.mark.trainers, pytest.mark.slow]  # one ~25-50 s subprocess for the module
 
 
 def merged_expected(records: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:

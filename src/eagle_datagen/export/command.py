@@ -110,7 +110,7 @@ class _Index:
     def __init__(self) -> None:
         self.files = array("H")
         self.offsets = array("q")
-        self.lengths = array("l")
+        self.lengths = array("i")
 
     def add(self, where: Location) -> int:
         self.files.append(where.file)
