@@ -52,7 +52,7 @@ from eagle_datagen.server.facts import (
     read_server_facts,
 )
 from eagle_datagen.server.launcher import ManagedServer, redact
-from eagle_datagen.server.recovery import make_recover
+from eagle_datagen.server.recovery import exited, make_recover
 from eagle_datagen.server.router import ManagedRouter, check_router_passes
 from eagle_datagen.store.lock import LOCK_NAME, check_not_in_use, hold
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
@@ -304,7 +304,9 @@ async def _execute(
     if resume:
         echo(f"  already done: {len(store.done)} records")
 
-    failed_ids = {e["id"] for e in read_entries(out / FAILURES_NAME) if isinstance(e.get("id"), str)}
+    failed_entries = [e for e in read_entries(out / FAILURES_NAME) if isinstance(e.get("id"), str)]
+    failed_ids = {e["id"] for e in failed_entries}
+    crashed_ids = {e["id"] for e in failed_entries if e.get("kind") == "server_crash"}  # retried alone
     if resume and failed_ids - store.done:
         verb = "retrying" if config.retry_failed else "keeping aside (--no-retry-failed)"
         echo(f"  {verb} {len(failed_ids - store.done)} failed requests")
@@ -342,6 +344,7 @@ async def _execute(
     try:
         async with _servers(config, out) as servers:
             http, pool, server_facts, managed = servers.http, servers.pool, servers.facts, servers.managed
+            pool.crashes.preload(crashed_ids - store.done)
             manifest.server.update(
                 {"facts": [f.to_json() for f in server_facts], "sglang_version": server_facts[0].version}
             )
@@ -557,7 +560,8 @@ async def _servers(config: RunConfig, out: Path) -> AsyncIterator[Servers]:
             tls=tls,
         )
         endpoints = [Endpoint(f.url, f.max_running_requests, f.max_req_input_len) for f in server_facts]
-        pool = ServerPool(endpoints, make_recover(http, managed, transport, check, outage_give_up_s=OUTAGE_GIVE_UP_S))
+        recover = make_recover(http, managed, transport, check, outage_give_up_s=OUTAGE_GIVE_UP_S)
+        pool = ServerPool(endpoints, recover, suspect_after=config.suspect_after_crashes, exited=exited(managed))
         yield Servers(http, pool, server_facts, managed, concurrency, transport)
     finally:
         if pool is not None:

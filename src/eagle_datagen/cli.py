@@ -81,7 +81,17 @@ def generation_options(func: F) -> F:
             default=None,
             help="Accept a server that runs a reasoning parser.",
         ),
-        click.option("--max-restarts", type=click.IntRange(min=0), help="Restarts of a crashed launched server [3]."),
+        click.option(
+            "--max-restarts",
+            type=click.IntRange(min=0),
+            help="Restarts of a launched server that crashes within 600 s of a start [3].",
+        ),
+        click.option(
+            "--suspect-after-crashes",
+            type=click.IntRange(min=1),
+            help="A request in flight at this many server crashes in a row is sent alone; if the server dies "
+            "again it is set aside (failures.jsonl, kind server_crash) [2].",
+        ),
         click.option(
             "--concurrency",
             type=POSITIVE,

@@ -259,6 +259,8 @@ class RunConfig:
     grace_period_s: float = 30.0
     progress: bool = True
     render_workers: int = 0
+    #: A request in flight at this many consecutive server crashes is sent alone (generate/pool.py).
+    suspect_after_crashes: int = 2
     stop_token_ids: tuple[int, ...] = ()
     preset: str | None = None
     #: Table columns that hold the conversation (Parquet/Arrow inputs).
@@ -270,7 +272,7 @@ class RunConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("samples_per_prompt", "shard_size", "checkpoint_records"):
+        for name in ("samples_per_prompt", "shard_size", "checkpoint_records", "suspect_after_crashes"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
         if self.concurrency is not None and self.concurrency < 1:

@@ -77,9 +77,13 @@ class RequestFailed(Exception):
     ``kind`` is a short reason for failures.jsonl (``http_400``, ``check_completion_tokens``, ...).
     """
 
-    def __init__(self, kind: str, message: str, *, retryable: bool, status: int | None = None) -> None:
+    def __init__(
+        self, kind: str, message: str, *, retryable: bool, status: int | None = None, retry_after_s: float | None = None
+    ) -> None:
         self.kind = kind
         self.message = message
         self.retryable = retryable
         self.status = status
+        #: The server's ``Retry-After`` (a 429 or 503), in seconds.
+        self.retry_after_s = retry_after_s
         super().__init__(f"{kind}: {message}")

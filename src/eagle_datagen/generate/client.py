@@ -7,6 +7,7 @@ Every response is checked (:mod:`eagle_datagen.record.checks`) before it may bec
 
 from __future__ import annotations
 
+import email.utils
 import ssl
 import time
 from collections.abc import Collection, Sequence
@@ -101,8 +102,30 @@ async def generate(
         )
     if status != 200:
         retryable = status >= 500 or status in (408, 429)
-        raise RequestFailed(f"http_{status}", error_message(response.body), retryable=retryable, status=status)
+        raise RequestFailed(
+            f"http_{status}",
+            error_message(response.body),
+            retryable=retryable,
+            status=status,
+            retry_after_s=retry_after_s(response.header("retry-after")) if status in (429, 503) else None,
+        )
     return parse_generate_response(response.body, input_ids, sampling_params, stop_ids, time.monotonic() - started)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header (delay-seconds or an HTTP-date, RFC 9110 §10.2.3) in seconds from now."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def parse_generate_response(

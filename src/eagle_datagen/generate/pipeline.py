@@ -28,7 +28,7 @@ import orjson
 
 from eagle_datagen.errors import BadInputError, OutputWriteError, PreflightFailed, RequestFailed
 from eagle_datagen.generate.client import GenerateResult, generate, is_healthy
-from eagle_datagen.generate.pool import Endpoint, ServerPool, backoff_s
+from eagle_datagen.generate.pool import BACKPRESSURE_STATUSES, Endpoint, ServerPool, backoff_s, counts_toward_down
 from eagle_datagen.generate.transport import Transport
 from eagle_datagen.inputs.mix import Mix, RecordPlan
 from eagle_datagen.inputs.prompts import PromptReader, PromptRow
@@ -40,6 +40,7 @@ from eagle_datagen.store.shards import ShardStore
 log = logging.getLogger(__name__)
 
 BATCH = 64
+BACKPRESSURE_RETRIES = 10
 PREFLIGHT_MAX_NEW_TOKENS = 16
 _END = object()
 #: Renders chunks of rows, in order (``Renderer.render_chunks`` or ``RenderPool.render_chunks``).
@@ -58,6 +59,8 @@ class WorkItem:
     attempts: int = 0
     #: a mix's or --seed's own sampling and record fields (``None``: the run's sampling, no extra fields)
     plan: RecordPlan | None = None
+    #: 503/429 answers (back-pressure): retried on their own budget, BACKPRESSURE_RETRIES × --max-retries.
+    busy: int = 0
 
 
 @dataclass
@@ -413,9 +416,8 @@ class Pipeline:
                 raise batch
             assert isinstance(batch, list)
             for item in batch:
-                if first:
-                    await self._preflight(item)
-                    first = False
+                if first and not self.pool.crashes.suspect(item.record_id):  # a suspect goes alone, unchecked
+                    first = not await self._preflight(item)
                 await self._items_ahead.acquire()
                 task = group.create_task(self._item(item))
                 self._items.add(task)
@@ -427,25 +429,39 @@ class Pipeline:
         if not self._items:
             self._settled.set()
 
-    async def _preflight(self, item: WorkItem) -> None:
-        """One short, fully checked request before any real one (cancelled at once by a stop)."""
+    async def _preflight(self, item: WorkItem) -> bool:
+        """One short, fully checked request before any real one (cancelled at once by a stop).
+
+        A busy server's 503/429 is waited out (``Retry-After`` honoured), not taken for a failed preflight.
+        A server that dies on it (connection failure, timeout, 5xx) is an outage, charged to this item as
+        a crash: False, and the next item is the preflight (this one goes the normal way)."""
         params = {
             **self.sampling_params,
             "max_new_tokens": min(PREFLIGHT_MAX_NEW_TOKENS, self.sampling_params["max_new_tokens"]),
         }
-        endpoint = await self.pool.acquire()
-        try:
-            await generate(
-                self.transport, endpoint.url, item.prompt_ids, params, self._rid(),
-                timeout_s=self.request_timeout_s, stop_ids=self.stop_ids,
-            )  # fmt: skip
-        except RequestFailed as exc:
-            raise PreflightFailed(
-                f"preflight request to {endpoint.url} failed ({exc.kind}: {exc.message}); nothing was sent. "
-                "Check the server and the tokenizer, then continue with `eagle-datagen resume`"
-            ) from exc
-        finally:
-            self.pool.release(endpoint)
+        busy = 0
+        while True:
+            endpoint = await self.pool.acquire()
+            try:
+                await generate(
+                    self.transport, endpoint.url, item.prompt_ids, params, self._rid(),
+                    timeout_s=self.request_timeout_s, stop_ids=self.stop_ids,
+                )  # fmt: skip
+                return True
+            except RequestFailed as exc:
+                busy += 1
+                if counts_toward_down(exc):
+                    self.pool.failed(endpoint, item.record_id, connection=exc.kind == "connection")
+                    return False
+                if exc.status not in BACKPRESSURE_STATUSES or busy > BACKPRESSURE_RETRIES * max(1, self.max_retries):
+                    raise PreflightFailed(
+                        f"preflight request to {endpoint.url} failed ({exc.kind}: {exc.message}); nothing was sent. "
+                        "Check the server and the tokenizer, then continue with `eagle-datagen resume`"
+                    ) from exc
+                delay = self.pool.backpressure(endpoint, exc.retry_after_s, busy)
+            finally:
+                self.pool.release(endpoint)
+            await asyncio.sleep(delay)
 
     def _rid(self) -> str:
         # Fixed width: SGLang aborts by rid prefix, so no rid may be a prefix of another.
@@ -472,8 +488,16 @@ class Pipeline:
 
     async def _attempt(self, item: WorkItem) -> float | None:
         """Sends ``item`` once. ``None``: it ended (a record or a failure); else try again after that many s."""
+        crashes = self.pool.culprit(item.record_id)
+        if crashes is not None:
+            message = (
+                f"the server crashed each time this request was in flight ({crashes} crashes in a row, the last "
+                "while it ran alone); set aside so the run goes on"
+            )
+            self._record_failure(item, RequestFailed("server_crash", message, retryable=False))
+            return None
         async with self._requests:
-            endpoint = await self.pool.acquire()
+            endpoint = await self.pool.acquire(item.record_id)
             started = time.time()
             request = asyncio.create_task(
                 generate(
@@ -486,7 +510,7 @@ class Pipeline:
                     stop_ids=self.stop_ids,
                 )
             )
-            endpoint.tasks.add(request)  # a server marked down cancels it: then the item is requeued
+            self.pool.track(endpoint, request, item.record_id)  # an outage cancels it: then the item is requeued
             me = asyncio.current_task()
             assert me is not None
             self._sending.add(me)
@@ -494,8 +518,8 @@ class Pipeline:
                 await asyncio.wait({request})
             finally:
                 self._sending.discard(me)
-                endpoint.tasks.discard(request)
-                self.pool.release(endpoint)
+                endpoint.tasks.pop(request, None)
+                self.pool.release(endpoint, item.record_id)
                 if not request.done():
                     request.cancel()
                 elif not request.cancelled():
@@ -505,7 +529,7 @@ class Pipeline:
             return 0.0
         exc = request.exception()
         if exc is None:
-            self.pool.succeeded(endpoint)
+            self.pool.succeeded(endpoint, item.record_id)
             self._write(item, request.result(), endpoint.url, started)
             return None
         if isinstance(exc, RequestFailed):
@@ -516,10 +540,17 @@ class Pipeline:
         endpoint.last_progress = time.monotonic()
         if not exc.retryable:
             if exc.status is not None:  # the server answered: it is alive
-                self.pool.succeeded(endpoint)
+                self.pool.succeeded(endpoint, item.record_id)
             self._record_failure(item, exc)
             return None
-        if self.pool.failed(endpoint):
+        if exc.status in BACKPRESSURE_STATUSES:  # busy, not down: slow down there, keep what runs
+            item.busy += 1
+            if item.busy > BACKPRESSURE_RETRIES * max(1, self.max_retries):
+                self._record_failure(item, exc)
+                return None
+            self.stats.retries += 1
+            return self.pool.backpressure(endpoint, exc.retry_after_s, item.busy)
+        if counts_toward_down(exc) and self.pool.failed(endpoint, item.record_id, connection=exc.kind == "connection"):
             self.stats.requeued += 1
             return 0.0
         item.attempts += 1

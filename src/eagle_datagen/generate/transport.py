@@ -277,6 +277,11 @@ class HostPool:
         try:
             response, reuse = await connection.exchange(request, body, timeout_s)
             return response
+        except _Stale as exc:
+            if not fresh:
+                raise
+            # a new connection the server closed at once (it went down, or drops connections)
+            raise TransportError(f"{self.host}:{self.port} closed a new connection before answering") from exc
         except h11.RemoteProtocolError as exc:
             if not fresh and not connection.received:
                 raise _Stale from exc  # closed while idle (the keep-alive race): nothing was answered

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ class ServerFacts:
     weight_version: str | None = None
     #: For an sglang-router: the URLs of its workers (the facts above are theirs, read from each).
     workers: tuple[str, ...] = ()
+    #: False when /model_info (or /get_model_info) did not answer: the facts from it are unknown, not None.
+    complete: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,10 +119,11 @@ async def read_server_facts(http: httpx.AsyncClient, url: str) -> ServerFacts:
     if worker_urls is not None:
         return await read_router_facts(http, url, worker_urls)
     info = await get_json(http, url, "/server_info", "/get_server_info")
+    complete = True
     try:
         model = await get_json(http, url, "/model_info", "/get_model_info")
     except ServerError:
-        model = {}
+        model, complete = {}, False
     states = info.get("internal_states") or [{}]
     state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     max_running = _total_max_running(info, states)
@@ -140,6 +144,7 @@ async def read_server_facts(http: httpx.AsyncClient, url: str) -> ServerFacts:
             model.get("preferred_sampling_params", info.get("preferred_sampling_params"))
         ),
         weight_version=str(weight_version) if weight_version is not None else None,
+        complete=complete,
     )
 
 
@@ -283,13 +288,21 @@ def default_concurrency(endpoints_max_running: list[int | None]) -> int:
 
 
 async def wait_until_healthy(
-    http: httpx.AsyncClient, url: str, *, give_up_after_s: float, path: str = "/health_generate"
+    http: httpx.AsyncClient,
+    url: str,
+    *,
+    give_up_after_s: float,
+    path: str = "/health_generate",
+    alive: Callable[[], bool] | None = None,
 ) -> bool:
-    """Probes ``url`` with backoff until healthy; False after ``give_up_after_s``."""
+    """Probes ``url`` with backoff until healthy; False after ``give_up_after_s``, or as soon as ``alive()``
+    says the server's process is gone (a launched server: then it is restarted without waiting)."""
     deadline = time.monotonic() + give_up_after_s
     attempt = 0
     while time.monotonic() < deadline:
-        if await is_healthy(http, url, path=path):
+        if alive is not None and not alive():
+            return False
+        if await is_healthy(http, url, timeout_s=min(30.0, max(1.0, deadline - time.monotonic())), path=path):
             return True
         attempt += 1
         await asyncio.sleep(

@@ -384,33 +384,51 @@ class ManagedServer:
             raise
         self.ready_at = time.monotonic()
 
-    async def restart(self, http: httpx.AsyncClient) -> bool:
-        """Stops whatever is left and starts again on the same port, with bounded attempts and backoff."""
+    async def restart(self, http: httpx.AsyncClient, *, charged: bool = True) -> bool:
+        """Stops whatever is left and starts again on the same port, with backoff.
+
+        Each restart within :data:`STABLE_UPTIME_S` of the last start uses one of ``--max-restarts``;
+        ``charged=False`` when the crash is explained (a request that crashed the server while it ran
+        alone was set aside), so a poison prompt does not use up the budget. Start failures always count.
+        """
         if self.ready_at is not None and time.monotonic() - self.ready_at >= STABLE_UPTIME_S:
             self.attempts = 0
         code = self.process.poll() if self.process is not None else None
-        why = "was unresponsive" if code is None else f"ended ({describe_exit(code)})"
-        while self.attempts < self.config.max_restarts:
-            self.attempts += 1
+        why = "was unresponsive" if code is None else f"crashed ({describe_exit(code)})"
+        crash = why
+        start_failures = 0
+        while True:
+            counted = charged or start_failures > 0
+            if counted:
+                if self.attempts >= self.config.max_restarts:
+                    raise ServerError(self._gave_up(crash, start_failures))
+                self.attempts += 1
             self.restarts += 1
             self.stop()
-            self._note(f"restart {self.attempts} of {self.config.max_restarts}: the server {why}")
-            log.warning(
-                "restarting the SGLang server (attempt %d of %d; log: %s)",
-                self.attempts,
-                self.config.max_restarts,
-                self.log_path,
-            )
-            await asyncio.sleep(backoff_s(self.attempts, base_s=2.0, cap_s=60.0))
+            budget = f"{self.attempts} of {self.config.max_restarts}" if counted else "not counted: explained"
+            self._note(f"restart {budget}: the server {why}")
+            log.warning("the SGLang server %s; restarting it (restart %s; log: %s)", why, budget, self.log_path)
+            await asyncio.sleep(backoff_s(max(1, self.attempts), base_s=2.0, cap_s=60.0))
             try:
                 await self.start(http)
                 return True
             except ServerError as exc:
                 log.error("restart failed: %s", exc)
                 why = "failed to start again"
-        raise ServerError(
-            f"the SGLang server went down and {self.config.max_restarts} restart(s) in a row failed (--max-restarts); "
-            f"see {self.log_path}. Fix the cause, then continue with `eagle-datagen resume`"
+                start_failures += 1
+
+    def _gave_up(self, crash: str, start_failures: int) -> str:
+        fix = f"see {self.log_path}. Fix the cause, then continue with `eagle-datagen resume`"
+        if start_failures:
+            return (
+                f"the SGLang server {crash}, then failed to start {start_failures} time(s) in a row "
+                f"(--max-restarts {self.config.max_restarts}); {fix}"
+            )
+        return (
+            f"the SGLang server {crash}: that is {self.attempts + 1} times within {STABLE_UPTIME_S:.0f} s of a "
+            f"start, more than --max-restarts {self.config.max_restarts} allows. Requests in flight at "
+            "consecutive crashes were sent alone and none crashed it alone, so the cause is not one prompt; "
+            f"{fix}"
         )
 
     def stop(self) -> None:

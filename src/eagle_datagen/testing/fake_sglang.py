@@ -57,6 +57,13 @@ ERROR_503: dict[str, Any] = {
     "code": 503,
 }
 UNAUTHORIZED: dict[str, Any] = {"error": "Unauthorized"}
+ERROR_429: dict[str, Any] = {
+    "object": "error",
+    "message": "Too many requests",
+    "type": "429",
+    "param": None,
+    "code": 429,
+}
 
 
 @dataclass
@@ -78,6 +85,11 @@ class FakeConfig:
     time_per_token_s: float = 0.0  # service time per output token, while holding a slot
     latency_s: float = 0.0  # fixed service time per item, while holding a slot
     error_503_rate: float = 0.0
+    error_429_rate: float = 0.0  # a router's "too many requests"
+    retry_after_s: int | None = None  # Retry-After (seconds) on every 503 and 429 answer
+    # SGLang's --max-queued-requests: with ``capacity`` busy and this many waiting, /generate answers 503
+    # "The request queue is full." (what a healthy but overloaded server does)
+    max_queued_requests: int | None = None
     drop_rate: float = 0.0  # close the connection without a response
     stall_after: int | None = None  # after this many /generate requests, stop answering for stall_s
     stall_s: float = 0.0
@@ -115,6 +127,7 @@ class FakeConfig:
 
 _RATE_FIELDS = (
     "error_503_rate",
+    "error_429_rate",
     "drop_rate",
     "leak_prompt_tail",
     "wrong_completion_tokens",
@@ -351,6 +364,7 @@ _REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     413: "Payload Too Large",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -444,12 +458,12 @@ class _HttpProtocol(asyncio.Protocol):
         self.head = None
         return _Request(method, path.split("?", 1)[0], headers, body, keep, time.monotonic())
 
-    def send(self, status: int, body: bytes, keep_alive: bool) -> None:
+    def send(self, status: int, body: bytes, keep_alive: bool, extra_head: str = "") -> None:
         if self.closed or self.transport is None:
             return
         head = (
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n{'' if keep_alive else _CLOSE}\r\n"
+            f"content-length: {len(body)}\r\n{extra_head}{'' if keep_alive else _CLOSE}\r\n"
         )
         self.transport.write(head.encode() + body)
         if not keep_alive:
@@ -481,6 +495,8 @@ class _Stats:
     output_tokens: int = 0
     dropped: int = 0
     faults_503: int = 0
+    faults_429: int = 0
+    queue_full: int = 0
     aborted_items: int = 0
     corrupted_items: int = 0
     in_flight: int = 0
@@ -734,7 +750,9 @@ class _Core:
         self.stats.by_status[key] = self.stats.by_status.get(key, 0) + 1
         if generate:
             self.stats.generate_by_status[key] = self.stats.generate_by_status.get(key, 0) + 1
-        proto.send(status, body, req.keep_alive)
+        retry_after = self.cfg.retry_after_s
+        extra = f"retry-after: {retry_after}\r\n" if retry_after is not None and status in (429, 503) else ""
+        proto.send(status, body, req.keep_alive, extra)
 
     def _authorized(self, req: _Request) -> bool:
         key = self.cfg.api_key
@@ -775,7 +793,7 @@ class _Core:
             "tool_call_parser": None,
             "chat_template": None,
             "max_running_requests": cfg.max_running_requests,
-            "max_queued_requests": None,
+            "max_queued_requests": cfg.max_queued_requests,
             "preferred_sampling_params": (
                 orjson.dumps(cfg.preferred_sampling_params).decode() if cfg.preferred_sampling_params else None
             ),
@@ -908,6 +926,13 @@ class _Core:
     def _start_job(self, job: _Job) -> None:
         if self._draw(self.cfg.error_503_rate):
             self.stats.faults_503 += 1
+            return self._end_error(job.proto, job.req, RequestError(503, ERROR_503))
+        if self._draw(self.cfg.error_429_rate):
+            self.stats.faults_429 += 1
+            return self._end_error(job.proto, job.req, RequestError(429, ERROR_429))
+        cap, queued = self.cfg.capacity, self.cfg.max_queued_requests
+        if cap is not None and queued is not None and self.stats.in_flight - 1 >= cap + queued:
+            self.stats.queue_full += 1
             return self._end_error(job.proto, job.req, RequestError(503, ERROR_503))
         rids = [it.rid for it in job.items]
         dup = next((r for r in rids if r in self.rids), None)
