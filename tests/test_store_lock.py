@@ -45,6 +45,7 @@ def test_is_locked_names_the_live_holder_and_forgets_it_after_kill_9(tmp_path: P
     try:
         holder = is_locked(tmp_path)
         assert holder is not None and holder.pid == process.pid and holder.command == "eagle-datagen resume"
+        assert f"in use by pid {holder}" == f"in use by pid {process.pid}"  # how verify's merge words it
         with pytest.raises(DirectoryInUse, match=rf"is in use by pid {process.pid} \(started 20"):
             hold(tmp_path, "eagle-datagen run").__enter__()
     finally:

@@ -12,9 +12,9 @@ DIR: the last shard is in progress" instead of reporting a live ``.partial`` as 
 
     from eagle_datagen.store.lock import is_locked
     if (holder := is_locked(out_dir)) is not None:
-        print(f"warning: {holder.describe(out_dir)}")
+        print(f"warning: {holder.describe(out_dir)}")  # DIR is in use by pid N (started …, eagle-datagen run)
 
-It takes a shared lock for an instant (a writer starting at that moment retries for
+A :class:`Holder` is truthy and ``str(holder)`` is its pid. :func:`is_locked` takes a shared lock for an instant (a writer starting at that moment retries for
 :data:`ACQUIRE_RETRY_S`), needs only read access, and never creates the file.
 
 The holder also owns the directory's temp files: on acquiring, stale ``.NAME.XXXX.tmp`` files that a
@@ -66,6 +66,10 @@ class Holder:
     host: str = ""
     started: str = ""
     command: str = ""
+
+    def __str__(self) -> str:
+        """The pid, so that ``f"in use by pid {is_locked(d)}"`` reads right."""
+        return str(self.pid) if self.pid is not None else "(unknown)"
 
     def describe(self, directory: Path) -> str:
         who = f"pid {self.pid}" if self.pid is not None else "another process"
