@@ -42,11 +42,16 @@ def hf_tokenizer(tiny_tokenizer: Path) -> Any:
 
 
 @pytest.fixture
-def fake_server(hf_tokenizer: Any) -> Iterator[Any]:
-    """A fake SGLang server whose vocabulary matches the tiny tokenizer."""
+def fake_server(hf_tokenizer: Any, tiny_tokenizer: Path) -> Iterator[Any]:
+    """A fake SGLang server whose vocabulary matches the tiny tokenizer (and whose /v1/tokenize renders with it)."""
     from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
 
-    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, max_running_requests=32)
+    config = FakeConfig(
+        vocab_size=len(hf_tokenizer),
+        eos_id=hf_tokenizer.eos_token_id,
+        max_running_requests=32,
+        tokenizer_path=str(tiny_tokenizer),
+    )
     server = FakeSGLangServer(config).start()
     try:
         yield server
@@ -100,6 +105,19 @@ def varied_rows(n: int) -> list[dict[str, Any]]:
 
 #: Record fields that say when and where a record was made, not what it is (two runs differ in them).
 RUN_STAMPS = ("started", "finished", "server")
+
+
+def served_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools as SGLang's chat path hands them to the template (pydantic ``Tool.model_dump()``: the function's
+    keys as sent, then ``description``/``parameters`` as null when absent; ``defer_loading: null`` on the tool)."""
+    if not tools:
+        return tools
+    served = []
+    for tool in tools:
+        function = {k: v for k, v in tool["function"].items() if k in ("description", "name", "parameters")}
+        function.update({k: None for k in ("description", "name", "parameters") if k not in function})
+        served.append({"type": tool.get("type", "function"), "function": function, "defer_loading": None})
+    return served
 
 
 def read_records(out_dir: Path, *, stamps: bool = False) -> list[dict[str, Any]]:

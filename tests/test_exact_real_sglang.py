@@ -15,7 +15,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import read_records, write_jsonl
+from conftest import read_records, served_tools, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.inputs.prompts import parse_row
 from eagle_datagen.inputs.render import generation_eos_ids
@@ -48,7 +48,7 @@ def render(model: Path, row: dict[str, Any], **kwargs: Any) -> list[int]:
     parsed = parse_row(orjson.dumps(row), "rows", 1)
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     ids = tokenizer.apply_chat_template(
-        parsed.messages, tools=parsed.tools, add_generation_prompt=True, tokenize=True, **kwargs
+        parsed.messages, tools=served_tools(parsed.tools), add_generation_prompt=True, tokenize=True, **kwargs
     )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import read_records, varied_rows, write_jsonl
+from conftest import read_records, served_tools, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.errors import UsageError
 from eagle_datagen.inputs.mix import load_mix, sampling_seed
@@ -135,7 +135,11 @@ def test_a_mixed_run_records_each_variant_and_renders_with_its_kwargs(
         assert record["sampling_params"] == want
         row = rows[record["key"]]
         independent = renderer.tokenizer.apply_chat_template(
-            row.messages, tools=row.tools, add_generation_prompt=True, tokenize=True, **variant.chat_template_kwargs
+            row.messages,
+            tools=served_tools(row.tools),
+            add_generation_prompt=True,
+            tokenize=True,
+            **variant.chat_template_kwargs,
         )
         independent = independent["input_ids"] if hasattr(independent, "keys") else independent
         assert record["prompt_ids"] == list(independent)

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import read_records, varied_rows, write_jsonl
+from conftest import read_records, served_tools, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.render import Renderer, load_tokenizer
@@ -49,7 +49,10 @@ def test_1000_prompts_are_exact_and_each_key_appears_once(
     sampling = {"max_new_tokens": 48, "temperature": 0.0}
     for record in records:
         independent = renderer.tokenizer.apply_chat_template(
-            rows[record["id"]].messages, tools=rows[record["id"]].tools, add_generation_prompt=True, tokenize=True
+            rows[record["id"]].messages,
+            tools=served_tools(rows[record["id"]].tools),
+            add_generation_prompt=True,
+            tokenize=True,
         )
         independent = independent["input_ids"] if hasattr(independent, "keys") else independent
         assert record["prompt_ids"] == list(independent)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import functools
 import logging
 import os
@@ -39,6 +40,8 @@ from eagle_datagen.inputs.render import (
     TokenizerFacts,
     load_tokenizer,
     model_vocab_size,
+    render_plan,
+    template_notes,
     tokenizer_facts,
 )
 from eagle_datagen.inputs.sources import open_source
@@ -52,8 +55,10 @@ from eagle_datagen.server.facts import (
     read_server_facts,
 )
 from eagle_datagen.server.launcher import ManagedServer, redact
+from eagle_datagen.server.parity import preflight_parity
 from eagle_datagen.server.recovery import exited, make_recover
 from eagle_datagen.server.router import ManagedRouter, check_router_passes
+from eagle_datagen.server.tokenize import ServerRenderer
 from eagle_datagen.store.lock import LOCK_NAME, check_not_in_use, hold
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan
@@ -110,6 +115,8 @@ def run_command(options: dict[str, Any]) -> Outcome:
 
     The prompts file is validated before anything is written (the directory stays empty), so after a
     bad row the same command (with the row fixed, or with ``--skip-bad-lines``) works as it is."""
+    # The date a date-dependent template renders is pinned at run (saved with the options for resume).
+    options = {"render_date": datetime.date.today().isoformat(), **{k: v for k, v in options.items() if v is not None}}
     config = build_run_config(options)
     check_not_in_use(config.out_dir)  # a live writer is named, not reported as "not empty"
     prepare_new_out_dir(config.out_dir)
@@ -226,9 +233,12 @@ def prepare_new_out_dir(out_dir: Path) -> None:
         raise UsageError(f"--out {out_dir} is not writable")
 
 
-def build_plan(config: RunConfig, facts: TokenizerFacts, prompts_identity: dict[str, Any]) -> dict[str, Any]:
-    """Everything that changes the bytes of a record."""
+def build_plan(
+    config: RunConfig, facts: TokenizerFacts, prompts_identity: dict[str, Any], render: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Everything that changes the bytes of a record (``render``: :func:`render_plan`)."""
     return {
+        "render": render or {"renderer": config.render, "date": None},
         "prompts": prompts_identity,
         "tokenizer": {
             "path": str(config.tokenizer.resolve()),
@@ -252,9 +262,9 @@ async def _execute(
     source = open_source(config.prompts, config.input_columns)
     tokenizer = load_tokenizer(config.tokenizer, trust_remote_code=config.trust_remote_code)
     facts = tokenizer_facts(tokenizer, config.tokenizer)
-    renderer = Renderer(tokenizer, config.chat_template_kwargs)
+    renderer = Renderer(tokenizer, config.chat_template_kwargs, render_date=config.render_date)
     identity = source.identity()
-    plan = build_plan(config, facts, identity)
+    plan = build_plan(config, facts, identity, render_plan(renderer, config.render))
     stop_ids = sorted({*facts.eos_token_ids, *config.sampling.params.get("stop_token_ids", [])})
     if resume:
         manifest = Manifest.load(out)
@@ -287,6 +297,8 @@ async def _execute(
             "samples of a prompt will be (nearly) identical; set --temperature > 0 (and --top-k other than 1) for "
             "distinct ones"
         )
+    for note in template_notes(renderer, source):
+        echo(f"  {note}")
 
     store = ShardStore(out / SHARDS_DIR, config.shard_size, manifest.add_shard)
     report = store.open(manifest.shard_map())
@@ -367,7 +379,23 @@ async def _execute(
                 + ("" if config.concurrency else " (from the servers' max_running_requests)")
             )
             progress = Progress(stats, pool, total=scan.todo, enabled=config.progress)
-            if config.render_workers > 0:
+            urls = [f.url for f in server_facts]
+            if config.render == "client" and config.render_parity_rows:
+                await asyncio.to_thread(
+                    preflight_parity, renderer, urls, source=source, rows=config.render_parity_rows,
+                    api_key=config.server.api_key, echo=echo, tls=servers.transport.ssl_context,
+                )  # fmt: skip
+            if config.render == "server":
+                server_renderer = ServerRenderer(
+                    urls[0],
+                    api_key=config.server.api_key,
+                    template_kwargs=config.chat_template_kwargs,
+                    tls=servers.transport.ssl_context,
+                )
+                stack.callback(server_renderer.close)
+                echo(f"  rendering every prompt through {urls[0]}/v1/tokenize (--render server)")
+                chunks: Any = server_renderer.render_chunks
+            elif config.render_workers > 0:
                 render_pool = RenderPool(
                     renderer,
                     config.tokenizer,
@@ -375,7 +403,7 @@ async def _execute(
                     trust_remote_code=config.trust_remote_code,
                 )
                 stack.callback(render_pool.close)
-                chunks: Any = render_pool.render_chunks
+                chunks = render_pool.render_chunks
             else:
                 chunks = renderer.render_chunks
             producer = Producer(

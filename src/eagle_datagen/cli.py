@@ -134,6 +134,16 @@ def generation_options(func: F) -> F:
             type=click.IntRange(min=0),
             help="Processes that render prompts (for slow tokenizers such as Kimi's tiktoken one) [0: in-process].",
         ),
+        click.option(
+            "--render-parity/--no-render-parity",
+            default=None,
+            help="Before sending, render sampled rows here and through the server's /v1/tokenize; stop on a difference [on].",
+        ),
+        click.option(
+            "--render-parity-rows",
+            type=click.IntRange(min=1),
+            help="Rows the render-parity check samples, covering every row shape present [32].",
+        ),
         click.option("-v", "--verbose", is_flag=True, help="Log retries and server events."),
     ]
     for option in reversed(options):
@@ -179,6 +189,15 @@ def plan_options(func: F) -> F:
         click.option(
             "--sampling-params",
             help="More SGLang sampling_params as JSON, e.g. '{\"repetition_penalty\": 1.05}'.",
+        ),
+        click.option(
+            "--render",
+            type=click.Choice(["client", "server"]),
+            help="Render prompts with the tokenizer's template here, or through the server's /v1/tokenize [client].",
+        ),
+        click.option(
+            "--render-date",
+            help="Date a date-dependent template (gpt-oss) renders, YYYY-MM-DD; pinned for resume/verify [today].",
         ),
         click.option("--samples-per-prompt", type=POSITIVE, help="Records per prompt (ids KEY#0, KEY#1, ...) [1]."),
         click.option("--shard-size", type=POSITIVE, help="Records per shard [10000]."),

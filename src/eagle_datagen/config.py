@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from dataclasses import dataclass, field
@@ -270,6 +271,12 @@ class RunConfig:
     #: ``--mix``/``--mix-entry`` (an :class:`eagle_datagen.inputs.mix.Mix`), and ``--seed``
     mix: Any = None
     seed: int | None = None
+    #: What ``strftime_now`` answers in a date-dependent template (pinned in the manifest at ``run``).
+    render_date: datetime.date | None = None
+    #: ``client``: the tokenizer's template here; ``server``: SGLang's ``/v1/tokenize`` chat path.
+    render: str = "client"
+    #: Preflight: render this many sampled rows both ways and stop on the first difference (0: off).
+    render_parity_rows: int = 32
 
     def __post_init__(self) -> None:
         for name in ("samples_per_prompt", "shard_size", "checkpoint_records", "suspect_after_crashes"):
@@ -282,3 +289,7 @@ class RunConfig:
         for name in ("request_timeout_s", "stall_timeout_s", "checkpoint_interval_s"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be positive")
+        if self.render not in ("client", "server"):
+            raise UsageError(f"--render must be 'client' or 'server', got {self.render!r}")
+        if self.render_parity_rows < 0:
+            raise UsageError("--render-parity-rows must be >= 0")

@@ -25,6 +25,7 @@ from eagle_datagen.config import (
 from eagle_datagen.errors import UsageError
 from eagle_datagen.inputs.mix import load_mix
 from eagle_datagen.inputs.partition import Partition
+from eagle_datagen.inputs.render import parse_render_date
 from eagle_datagen.inputs.sources import Columns
 from eagle_datagen.redaction import MASK, check_api_key, redact_options, redacted_args
 
@@ -74,11 +75,15 @@ DEFAULTS: dict[str, Any] = {
     "mix_entry": (),
     "mix_per": None,
     "seed": None,
+    "render_date": None,
+    "render": "client",
+    "render_parity": True,
+    "render_parity_rows": 32,
 }
 #: Options that are never written to the manifest (nor is any secret-named one: :mod:`eagle_datagen.redaction`).
 SECRET = frozenset({"api_key"})
 #: Options that hold for one invocation only (resume does not inherit them).
-TRANSIENT = frozenset({"config", "out", "retry_failed", "progress", "preflight"})
+TRANSIENT = frozenset({"config", "out", "retry_failed", "progress", "preflight", "render_parity", "render_parity_rows"})
 PRESET_SECTIONS = {
     "server": {"tp_size", "mem_fraction_static", "trust_remote_code", "server_arg", "startup_timeout_s"},
     "sampling": {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "sampling_params"},
@@ -260,6 +265,9 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         preset=opts.get("preset_name"),
         mix=load_mix(opts.get("mix"), opts.get("mix_entry") or (), per=opts.get("mix_per"), seed=opts.get("seed")),
         seed=opts.get("seed"),
+        render_date=parse_render_date(opts.get("render_date")),
+        render=opts["render"],
+        render_parity_rows=opts["render_parity_rows"] if opts["render_parity"] else 0,
     )
 
 

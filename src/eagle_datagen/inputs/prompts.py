@@ -187,6 +187,9 @@ def parse_row(raw: bytes, path: str, line: int) -> PromptRow:
         messages = [{"role": "user", "content": prompt}]
 
     messages = _drop_trailing_assistant(messages)
+    for i, message in enumerate(messages):
+        if "tool_calls" in message:  # only turns that reach the template (dropped replies are not sent)
+            _check_tool_calls(message["tool_calls"], f"{shape}[{i}]", message["role"], bad)
     if not any(m["role"] == "user" for m in messages):
         raise bad("no_user_turn", "no user turn is left once trailing assistant turns are dropped")
 
@@ -195,6 +198,8 @@ def parse_row(raw: bytes, path: str, line: int) -> PromptRow:
         raise bad("bad_tools", "'tools' must be a list of objects (OpenAI tool schemas)")
     if tools == []:
         tools = None
+    if tools is not None:
+        _check_tools(tools, bad)
 
     key = _row_key(obj.get("id", None), messages, tools, bad)
     return PromptRow(key=key, line=line, messages=messages, tools=tools)
@@ -219,6 +224,61 @@ def _openai_messages(value: Any, bad: Callable[..., BadInputError]) -> list[Mess
         message["content"] = _content(item.get("content"), f"messages[{i}]", role, item, bad)
         messages.append(message)
     return messages
+
+
+def _check_tool_calls(value: Any, where: str, role: str, bad: Callable[..., BadInputError]) -> None:
+    """Assistant ``tool_calls`` as SGLang's chat path takes them: a list of ``{"type": "function", "function":
+    {"name", "arguments"}}``, the arguments a JSON object or a string holding one (the path parses strings with
+    orjson, strictly: ``normalize_assistant_tool_call_arguments`` in ``serving_chat.py``)."""
+    if role != "assistant":
+        raise bad("bad_tool_call", f"{where} has 'tool_calls' but role {role!r}; only assistant turns make tool calls")
+    if not isinstance(value, list):
+        raise bad("bad_tool_call", f"{where}.tool_calls must be a list of tool calls")
+    for j, call in enumerate(value):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise bad("bad_tool_call", f'{at} must be an object with a "function": {{"name", "arguments"}} object')
+        if call.get("type", "function") != "function":
+            raise bad("bad_tool_call", f"{at}.type is {call.get('type')!r}; only 'function' tool calls exist")
+        function = call["function"]
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad("bad_tool_call", f"{at}.function.name must be a non-empty string")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = orjson.loads(arguments)
+            except orjson.JSONDecodeError as exc:
+                raise bad(
+                    "bad_tool_arguments",
+                    f"{at}.function.arguments is a string but not valid JSON ({exc}); "
+                    "SGLang's chat path parses it and refuses the request",
+                ) from None
+            if not isinstance(arguments, dict):
+                raise bad(
+                    "bad_tool_arguments",
+                    f"{at}.function.arguments holds JSON {type(arguments).__name__}, not an object; "
+                    "SGLang's chat path refuses it",
+                )
+        elif arguments is not None and not isinstance(arguments, dict):
+            raise bad(
+                "bad_tool_arguments",
+                f"{at}.function.arguments must be a JSON object or a string holding one, "
+                f"got {type(arguments).__name__}",
+            )
+
+
+def _check_tools(tools: list[Any], bad: Callable[..., BadInputError]) -> None:
+    """Tool schemas as SGLang's ``Tool`` model takes them: ``{"type": "function", "function": {"name", ...}}``."""
+    for i, tool in enumerate(tools):
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad(
+                "bad_tools",
+                f'tools[{i}] has no "function" object with a "name"; wrap a bare schema as '
+                '{"type": "function", "function": {"name": ..., "parameters": ...}}',
+            )
+        if not isinstance(tool.get("type", "function"), str):
+            raise bad("bad_tools", f"tools[{i}].type must be a string ('function')")
 
 
 def _sharegpt_messages(value: Any, bad: Callable[..., BadInputError]) -> list[Message]:

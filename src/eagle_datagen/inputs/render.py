@@ -15,6 +15,7 @@ render whole chunks, in order, while the first chunks render in-process until th
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import logging
@@ -28,12 +29,15 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from eagle_datagen.errors import BadInputError, UsageError
 from eagle_datagen.inputs.prompts import SKIP_FIX, Message, PromptRow
+
+if TYPE_CHECKING:
+    from eagle_datagen.inputs.sources import PromptSource
 
 log = logging.getLogger(__name__)
 
@@ -178,33 +182,287 @@ def _single_token_id(tokenizer: Any, token: str) -> int | None:
     return token_id
 
 
-class Renderer:
-    """Renders prompt rows with one tokenizer and one set of chat-template kwargs."""
+# --- the serving path's view of a row ------------------------------------------------------------
+#
+# SGLang 0.5.23 does not hand a request's messages to the template as sent. ``/v1/chat/completions`` and
+# ``/v1/tokenize`` validate them with pydantic models (``entrypoints/openai/protocol.py``) and dump them back
+# (``OpenAIServingChat._apply_jinja_template``, ``serving_chat.py``): unknown keys go, ``None`` keys go,
+# tool-call arguments given as JSON strings become objects (``normalize_assistant_tool_call_arguments``,
+# strict), every tool gains ``"defer_loading": null`` (and ``description``/``parameters`` if absent), tool
+# results given as text parts are joined with a space (``normalize_tool_content``), and text parts are
+# joined for templates that take a string content (``process_content_for_template_format``). Served traffic
+# sees that render, so the client renders the same; the render-parity check (server/tokenize.py) proves it.
 
-    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
+#: Fields of SGLang's message models, in their order (``ChatCompletionMessageUserParam`` / ``...GenericParam``).
+_USER_FIELDS = ("role", "content")
+_MESSAGE_FIELDS = (
+    "role", "content", "tool_call_id", "name", "phase", "reasoning_content", "tool_calls", "tools", "prefix",
+)  # fmt: skip
+#: Fields of SGLang's ``Function`` model; ``strict`` and ``defer_loading`` are dropped when ``None``.
+_FUNCTION_FIELDS = ("description", "name", "parameters", "strict", "defer_loading")
+
+
+def serving_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool schema as SGLang's ``Tool.model_dump()`` gives it to the template (keys in the order sent)."""
+    function = tool.get("function") or {}
+    defer = tool.get("defer_loading")
+    dumped: dict[str, Any] = {
+        "description": function.get("description"),
+        "name": function.get("name"),
+        "parameters": function.get("parameters"),
+    }
+    if function.get("strict") is not None:
+        dumped["strict"] = function["strict"]
+    function_defer = function.get("defer_loading", defer) if function.get("defer_loading") is not None else defer
+    if function_defer is not None:
+        dumped["defer_loading"] = function_defer
+    order = [k for k in function if k in dumped] + [k for k in dumped if k not in function]
+    return {"type": tool.get("type", "function"), "function": {k: dumped[k] for k in order}, "defer_loading": defer}
+
+
+def serving_tool_call(call: Mapping[str, Any], *, string_arguments: bool = False) -> dict[str, Any]:
+    """One assistant tool call as SGLang's ``ToolCall.model_dump()`` gives it, arguments parsed into an object
+    (or, for a template that needs a string, kept or serialized as one)."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if string_arguments:
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+    elif isinstance(arguments, str):
+        arguments = orjson.loads(arguments)  # rows are validated when read (inputs/prompts.py)
+    return {
+        "id": call.get("id"),
+        "index": call.get("index"),
+        "type": "function",
+        "function": {"name": function.get("name"), "arguments": arguments},
+    }
+
+
+def serving_message(
+    message: Mapping[str, Any], *, keeps_content_parts: bool, string_arguments: bool = False
+) -> Message:
+    """One message as SGLang's chat path hands it to a Jinja template."""
+    fields = _USER_FIELDS if message.get("role") == "user" else _MESSAGE_FIELDS
+    out: Message = {}
+    for key in fields:
+        value = message.get(key)
+        if key == "content" and value is None:
+            value = ""
+        if value is None:
+            continue
+        if key == "tool_calls" and isinstance(value, list):
+            value = [serving_tool_call(c, string_arguments=string_arguments) for c in value]
+        elif key == "tools" and isinstance(value, list):
+            value = [serving_tool(t) for t in value]
+        out[key] = value
+    content = out["content"]
+    if isinstance(content, list):
+        texts = [p["text"] if isinstance(p, dict) else p for p in content]
+        if out["role"] == "tool" or not keeps_content_parts:
+            out["content"] = " ".join(texts)
+        else:  # the parts list moves to the end, as process_content_for_template_format rebuilds it
+            del out["content"]
+            out["content"] = [{"type": "text", "text": t} for t in texts]
+    return out
+
+
+# --- what a template does, found by rendering -----------------------------------------------------
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+_PROBE_ARGUMENTS = {"city": "Paris"}
+
+
+def _probe_conversation() -> list[Message]:
+    return [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_0", "type": "function", "function": _probe_call()}],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+    ]
+
+
+def _probe_call() -> dict[str, Any]:
+    return {"name": "get_weather", "arguments": dict(_PROBE_ARGUMENTS)}
+
+
+@dataclass(frozen=True)
+class TemplateTraits:
+    """What rendering probe conversations showed about a chat template."""
+
+    #: Objects make the template raise or print a Python repr, while strings render: arguments go as strings.
+    needs_string_arguments: bool
+    #: A tool schema changes nothing in the render: the template drops ``tools`` (DeepSeek R1 / V3.1).
+    drops_tools: bool
+    #: The template calls ``strftime_now``: its renders depend on the date (gpt-oss).
+    date_dependent: bool
+
+
+def template_calls_strftime(template: Any) -> bool:
+    """True when a chat template (or any of a dict of named templates) reads ``strftime_now``."""
+    from jinja2 import Environment, TemplateSyntaxError, meta
+
+    templates = template.values() if isinstance(template, Mapping) else [template]
+    for text in templates:
+        if not isinstance(text, str):
+            continue
+        try:
+            names = meta.find_undeclared_variables(Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text))
+        except TemplateSyntaxError:
+            names = {"strftime_now"} if "strftime_now" in text else set()
+        if "strftime_now" in names:
+            return True
+    return False
+
+
+#: strftime directives a pinned ``strftime_now`` answers (the glibc ``%-d`` forms too); the time is 00:00:00.
+_STRFTIME_CODES = "aAwdbBmyYHIpMSfzZjUWcxXGuV"
+_STRFTIME_DASHED = "dmHIMSj"
+
+
+def pin_template_date(template: str, day: datetime.date) -> str:
+    """``template`` with ``strftime_now(format)`` answering for ``day`` instead of today.
+
+    transformers gives templates a global ``strftime_now`` that reads the clock; a macro of the same name
+    defined first shadows it everywhere in the template. It substitutes each directive in the format with
+    its value for ``day`` at 00:00 (``%%`` stays a percent sign). The newline after the macro is eaten by
+    the environment's ``trim_blocks``, so the rest renders byte for byte as before.
+    """
+    moment = datetime.datetime.combine(day, datetime.time())
+    pairs = [("%%", "\x00")]
+    pairs += [(f"%-{c}", str(int(moment.strftime(f"%{c}")))) for c in _STRFTIME_DASHED]
+    pairs += [(f"%{c}", moment.strftime(f"%{c}")) for c in _STRFTIME_CODES]
+    chain = "".join(f"|replace({json.dumps(a)}, {json.dumps(b)})" for a, b in pairs)
+    chain += '|replace("\x00", "%")'
+    return "{% macro strftime_now(format) %}{{ format" + chain + " }}{% endmacro %}\n" + template
+
+
+def parse_render_date(value: str | datetime.date | None) -> datetime.date | None:
+    """``--render-date YYYY-MM-DD`` (or a date, or ``None``)."""
+    if value is None or isinstance(value, datetime.date):
+        return value
+    try:
+        return datetime.date.fromisoformat(value)
+    except ValueError:
+        raise UsageError(f"--render-date must be a date as YYYY-MM-DD, got {value!r}") from None
+
+
+class Renderer:
+    """Renders prompt rows with one tokenizer and one set of chat-template kwargs, the way SGLang's chat
+    path renders them (:func:`serving_message`, :func:`serving_tool`).
+
+    ``render_date`` pins what ``strftime_now`` answers in a date-dependent template (the run's date, from
+    the manifest); ``None`` leaves the template reading the clock.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        render_date: datetime.date | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+        self.render_date = render_date
+        raw = tokenizer.chat_template
+        template = raw if isinstance(raw, str) else ""
         self.keeps_content_parts = bool(_CONTENT_LOOP.search(template))
+        date_dependent = template_calls_strftime(raw)
+        self._templates: dict[str, str] | None = None
+        if date_dependent and render_date is not None:
+            named = raw if isinstance(raw, Mapping) else {"default": raw}
+            self._templates = {k: pin_template_date(v, render_date) for k, v in named.items() if isinstance(v, str)}
+        self.string_arguments = False
+        self.traits = self._probe(date_dependent)
+        self.string_arguments = self.traits.needs_string_arguments
 
     def render(self, row: PromptRow, path: str = "<prompts>") -> list[int]:
         """``prompt_ids`` for ``row``; a template error becomes a :class:`BadInputError`."""
-        messages = [self._template_message(m) for m in row.messages]
+        messages = self.template_messages(row)
+        tools = self.template_tools(row)
         try:
-            result = self.tokenizer.apply_chat_template(
-                messages,
-                tools=row.tools,
-                add_generation_prompt=True,
-                tokenize=True,
-                **self.kwargs_for(row),
-            )
+            result = self._apply([messages], tools, tokenize=True, kwargs=self.kwargs_for(row))
         except Exception as exc:
-            raise BadInputError(path, row.line, "template_error", f"the chat template raised: {exc}", SKIP_FIX) from exc
+            raise BadInputError(
+                path, row.line, "template_error", f"the chat template raised{_describe(exc)}", SKIP_FIX
+            ) from exc
         return as_token_ids(result)
 
     def kwargs_for(self, row: PromptRow) -> dict[str, Any]:
         """The template kwargs of one row: the renderer's, with the row's own (a mix's variant) over them."""
         return {**self.template_kwargs, **row.template_kwargs} if row.template_kwargs else self.template_kwargs
+
+    def template_messages(self, row: PromptRow) -> list[Message]:
+        """The row's messages as the template sees them (the serving path's view)."""
+        return [self._template_message(m) for m in row.messages]
+
+    def template_tools(self, row: PromptRow) -> list[dict[str, Any]] | None:
+        return [serving_tool(t) for t in row.tools] if row.tools else None
+
+    def _apply(
+        self,
+        conversations: list[list[Message]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        tokenize: bool,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """``apply_chat_template`` as the serving path calls it: when the template raises with the tools as
+        given, once more with bare function schemas (``serving_chat.py`` does the same for Mistral-style
+        templates)."""
+        batch: Any = conversations if len(conversations) > 1 else conversations[0]
+        kwargs = self.template_kwargs if kwargs is None else kwargs
+        try:
+            return self._call(batch, tools, tokenize, kwargs)
+        except Exception:
+            if not tools:
+                raise
+            flat = [t.get("function", t) for t in tools]
+            return self._call(batch, flat, tokenize, kwargs)
+
+    def _call(self, batch: Any, tools: list[dict[str, Any]] | None, tokenize: bool, kwargs: Mapping[str, Any]) -> Any:
+        extra: dict[str, Any] = {}
+        if self._templates is not None:
+            name = "tool_use" if tools and "tool_use" in self._templates else "default"
+            extra["chat_template"] = self._templates.get(name) or next(iter(self._templates.values()))
+        return self.tokenizer.apply_chat_template(
+            batch, tools=tools, add_generation_prompt=True, tokenize=tokenize, **extra, **kwargs
+        )
+
+    def _probe(self, date_dependent: bool) -> TemplateTraits:
+        def text(messages: list[Message], tools: list[dict[str, Any]] | None, strings: bool) -> str | None:
+            view = [
+                serving_message(m, keeps_content_parts=self.keeps_content_parts, string_arguments=strings)
+                for m in messages
+            ]
+            try:
+                out = self._apply([view], tools, tokenize=False)
+            except Exception:
+                return None
+            return out if isinstance(out, str) else None
+
+        tools = [serving_tool(_PROBE_TOOL)]
+        as_objects = text(_probe_conversation(), tools, False)
+        as_strings = text(_probe_conversation(), tools, True)
+        objects_fail = as_objects is None or repr(_PROBE_ARGUMENTS) in as_objects
+        hello: list[Message] = [{"role": "user", "content": "hello"}]
+        plain = text(hello, None, False)
+        with_tools = text(hello, tools, False)
+        return TemplateTraits(
+            needs_string_arguments=objects_fail and as_strings is not None,
+            drops_tools=plain is not None and plain == with_tools,
+            date_dependent=date_dependent,
+        )
 
     def render_many(self, rows: Sequence[PromptRow], path: str = "<prompts>") -> list[Rendered]:
         """``prompt_ids`` for each row, in order; a row the template rejects gets its :class:`BadInputError`.
@@ -234,12 +492,11 @@ class Renderer:
     def _render_group(self, rows: Sequence[PromptRow], path: str) -> list[Rendered]:
         if len(rows) > 1:
             try:
-                result = self.tokenizer.apply_chat_template(
-                    [[self._template_message(m) for m in row.messages] for row in rows],
-                    tools=rows[0].tools,
-                    add_generation_prompt=True,
+                result = self._apply(
+                    [self.template_messages(row) for row in rows],
+                    self.template_tools(rows[0]),
                     tokenize=True,
-                    **self.kwargs_for(rows[0]),
+                    kwargs=self.kwargs_for(rows[0]),
                 )
                 return list(as_batch_token_ids(result, len(rows)))
             except Exception:  # some row is bad: find it row by row
@@ -253,10 +510,74 @@ class Renderer:
             return exc
 
     def _template_message(self, message: Message) -> Message:
-        content = message.get("content")
-        if isinstance(content, list) and not self.keeps_content_parts:
-            return {**message, "content": " ".join(part["text"] for part in content)}
-        return message
+        return serving_message(
+            message, keeps_content_parts=self.keeps_content_parts, string_arguments=self.string_arguments
+        )
+
+
+def render_plan(renderer: Renderer, kind: str = "client") -> dict[str, Any]:
+    """The manifest's ``plan.render``: which renderer made the prompts, and the date a date-dependent
+    template was pinned to (``None`` when the template does not read the date)."""
+    day = renderer.render_date if renderer.traits.date_dependent else None
+    return {"renderer": kind, "date": day.isoformat() if day is not None else None}
+
+
+def renderer_for_plan(tokenizer: Any, plan: Mapping[str, Any]) -> Renderer:
+    """A renderer that renders as the run did: its template kwargs and its pinned date (resume, verify)."""
+    render = plan.get("render") or {}
+    return Renderer(
+        tokenizer, plan.get("chat_template_kwargs") or {}, render_date=parse_render_date(render.get("date"))
+    )
+
+
+def count_rows_with_tools(prompts: Path | PromptSource) -> int:
+    """Rows whose ``tools`` list is not empty (rows that mention ``"tools"`` are parsed; bad rows are not counted)."""
+    from eagle_datagen.inputs.sources import open_source
+
+    source = open_source(prompts) if isinstance(prompts, Path) else prompts
+    count = 0
+    for _, _, raw in source.rows():
+        if b'"tools"' not in raw:
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("tools"), list) and obj["tools"]:
+            count += 1
+    return count
+
+
+def template_notes(renderer: Renderer, prompts: Path | PromptSource) -> list[str]:
+    """Warnings about the template, printed at start: dropped tools (with the rows affected), string arguments."""
+    notes = []
+    if renderer.traits.date_dependent:
+        pinned = renderer.render_date.isoformat() if renderer.render_date else "today's date (not pinned)"
+        notes.append(
+            f"the chat template prints the date: prompts render with {pinned}, pinned in the manifest "
+            "(resume and verify-shard render with it; --render-date YYYY-MM-DD sets it at run)"
+        )
+    if renderer.traits.drops_tools:
+        affected = count_rows_with_tools(prompts)
+        if affected:
+            notes.append(
+                f"warning: the chat template ignores `tools`: {affected:,} row(s) of the prompts have tools, and their "
+                "prompts carry no tool schema (the model sees none either when served; DeepSeek R1/V3.1 templates "
+                "do this). Describe the tools in a system message if the model should know them"
+            )
+    if renderer.traits.needs_string_arguments:
+        notes.append(
+            "warning: the chat template needs tool-call arguments as JSON strings (objects make it fail); arguments "
+            "given as objects are serialized for it. SGLang's chat path parses them into objects, so served "
+            "requests with tool-call history fail on this template"
+        )
+    return notes
+
+
+def _describe(exc: BaseException) -> str:
+    """The template's own message; the exception's type too when it is not a template error."""
+    name = type(exc).__name__
+    return f": {exc}" if name in ("TemplateError", "TemplateSyntaxError") else f" {name}: {exc}"
 
 
 #: What rendering one row gives: its ``prompt_ids``, or why the row cannot be used.
@@ -325,7 +646,7 @@ class RenderPool:
         self.ahead = ahead or 2 * workers
         self.max_replacements = max_replacements
         self.replacements = 0
-        self._initargs = (str(tokenizer_path), trust_remote_code, local.template_kwargs)
+        self._initargs = (str(tokenizer_path), trust_remote_code, local.template_kwargs, local.render_date)
         self._pings: list[Future[bool]] = []
         self._executor: ProcessPoolExecutor | None = self._start()
 
@@ -442,10 +763,16 @@ _WorkerResult = list[int] | tuple[int, str, str, str]
 _worker_renderer: Renderer | None = None
 
 
-def _worker_init(tokenizer_path: str, trust_remote_code: bool, template_kwargs: dict[str, Any]) -> None:
+def _worker_init(
+    tokenizer_path: str,
+    trust_remote_code: bool,
+    template_kwargs: dict[str, Any],
+    render_date: datetime.date | None = None,
+) -> None:
     global _worker_renderer
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent owns shutdown
-    _worker_renderer = Renderer(load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code), template_kwargs)
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code)
+    _worker_renderer = Renderer(tokenizer, template_kwargs, render_date=render_date)
 
 
 def _worker_ping() -> bool:

@@ -108,6 +108,8 @@ class FakeConfig:
     drop_stop_token: float = 0.0  # remove the trailing stop id, still report stop/matched
     abort_rate: float = 0.0  # HTTP 200 with finish_reason {"type": "abort", ...} and partial output
     cache_size: int = 4096  # LRU entries of computed outputs
+    tokenizer_path: str | None = None  # /v1/tokenize renders with this tokenizer (404 without one)
+    chat_template: str | None = None  # /v1/tokenize renders with this template instead (like --chat-template)
 
     def __post_init__(self) -> None:
         if self.vocab_size < MIN_TOKEN_ID + 2:
@@ -623,10 +625,13 @@ class _Core:
         self.on_crash: Callable[[], None] | None = None
         self.come_up_handle: asyncio.TimerHandle | None = None
         self.started = time.time()
+        self._tok: Any = None  # loaded by the first /v1/tokenize
+        self._tok_path: str | None = None
         self.routes: dict[str, tuple[tuple[str, ...], Handler]] = {
             "/generate": (("POST", "PUT"), self._h_generate),
             "/v1/chat/completions": (("POST",), self._h_chat),
             "/v1/models": (("GET",), self._h_models),
+            "/v1/tokenize": (("POST",), self._h_tokenize),
             "/health": (("GET",), self._h_health),
             "/health_generate": (("GET",), self._h_health),
             "/ready": (("GET",), self._h_ready),
@@ -855,6 +860,28 @@ class _Core:
             "max_model_len": self.cfg.context_length,
         }
         self.reply(proto, req, 200, {"object": "list", "data": [model]})
+
+    # -- /v1/tokenize ------------------------------------------------------------------------------
+
+    def _h_tokenize(self, proto: _HttpProtocol, req: _Request) -> None:
+        """SGLang 0.5.23's /v1/tokenize: ``prompt`` encoded, or ``messages`` through the chat path (below)."""
+        if not self._authorized(req):
+            return self.reply(proto, req, 401, UNAUTHORIZED)
+        if self.cfg.tokenizer_path is None:
+            return self.reply(proto, req, 404, {"detail": "Not Found"})
+        try:
+            ids = _fake_tokenize(self._tokenizer(), self.cfg.chat_template, _load_object(req.body))
+        except RequestError as exc:
+            return self.reply(proto, req, exc.status, exc.body)
+        self.reply(proto, req, 200, {"tokens": ids, "count": len(ids), "max_model_len": self.cfg.context_length})
+
+    def _tokenizer(self) -> Any:
+        if self._tok is None or self._tok_path != self.cfg.tokenizer_path:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.cfg.tokenizer_path, trust_remote_code=True)
+            self._tok_path = self.cfg.tokenizer_path
+        return self._tok
 
     # -- fake control ------------------------------------------------------------------------------
 
@@ -1191,6 +1218,74 @@ class _Core:
             "choices": [choice],
             "usage": usage,
         }
+
+
+_FAKE_MESSAGE_KEYS = ("role", "content", "tool_call_id", "name", "phase", "reasoning_content", "tool_calls", "tools")
+
+
+def _fake_tokenize(tokenizer: Any, template: str | None, body: dict[str, Any]) -> list[int]:
+    """What SGLang's serving chat path does before the template, written from its source (serving_chat.py
+    ``_apply_jinja_template``, protocol.py ``Tool``/``ToolCall``), independently of the client's copy: tool-call
+    arguments given as strings parsed (strictly), tools dumped with ``defer_loading: null``, ``None`` keys
+    dropped, text parts joined for tool results and for templates that take a string; then render to text and
+    encode it without special tokens."""
+    if "prompt" in body:
+        return list(tokenizer.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True)))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _err_d("Messages cannot be empty.")
+    chat_template = template or tokenizer.chat_template
+    loops_over_parts = isinstance(chat_template, str) and "in message.content" in chat_template.replace(
+        "m.content", "message.content"
+    )
+    rendered_messages = []
+    for message in messages:
+        fields = ("role", "content") if message.get("role") == "user" else _FAKE_MESSAGE_KEYS
+        out = {k: message[k] for k in fields if message.get(k) is not None}
+        out.setdefault("content", "")
+        calls = []
+        for call in out.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = orjson.loads(args)
+                except orjson.JSONDecodeError:
+                    raise _err_d("Assistant tool call function.arguments must be valid JSON.") from None
+                if not isinstance(args, dict):
+                    raise _err_d("Assistant tool call function.arguments must be a JSON object.")
+            calls.append({"id": call.get("id"), "index": call.get("index"), "type": "function",
+                          "function": {"name": fn.get("name"), "arguments": args}})  # fmt: skip
+        if calls:
+            out["tool_calls"] = calls
+        if isinstance(out["content"], list):
+            texts = [p.get("text", "") if isinstance(p, dict) else p for p in out["content"]]
+            if out["role"] == "tool" or not loops_over_parts:
+                out["content"] = " ".join(texts)
+            else:
+                out.pop("content")
+                out["content"] = [{"type": "text", "text": t} for t in texts]
+        rendered_messages.append(out)
+    tools = None
+    if body.get("tools"):
+        tools = []
+        for tool in body["tools"]:
+            fn = dict(tool.get("function") or {})
+            dumped = {k: fn[k] for k in fn if k in ("description", "name", "parameters")}
+            for k in ("description", "name", "parameters"):
+                dumped.setdefault(k, None)
+            tools.append({"type": tool.get("type", "function"), "function": dumped, "defer_loading": None})
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    if template is not None:
+        kwargs["chat_template"] = template
+    try:
+        text = tokenizer.apply_chat_template(
+            rendered_messages, tools=tools, tokenize=False,
+            add_generation_prompt=body.get("add_generation_prompt") is not False, **kwargs,
+        )  # fmt: skip
+    except Exception as exc:
+        raise _err_d(str(exc)) from None
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _load_object(raw: bytes) -> dict[str, Any]:

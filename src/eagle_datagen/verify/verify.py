@@ -42,6 +42,7 @@ from eagle_datagen.inputs.render import (
     Renderer,
     load_tokenizer,
     model_vocab_size,
+    renderer_for_plan,
     tokenizer_facts,
     tokenizer_fingerprint,
 )
@@ -597,7 +598,7 @@ class Setup:
         index = self.indexes[key]
         if not index.matches(plan.get("prompts") or {}):
             self._warn_changed("prompts_changed", prompts, "the prompts file differs from the one")
-        renderer = Renderer(self._tokenizer(tokenizer), plan.get("chat_template_kwargs") or {})
+        renderer = renderer_for_plan(self._tokenizer(tokenizer), plan)  # the run's kwargs and pinned date
         context.rerender = Rerenderer(renderer, index, self._render_error)
 
     def _warn_changed(self, kind: str, path: Path, differs: str) -> None:
