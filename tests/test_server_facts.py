@@ -179,3 +179,20 @@ def test_one_check_at_start_and_at_recovery() -> None:
         check.check(facts("http://b", reasoning_parser="qwen3"))
     with pytest.raises(ServerError, match=r"preferred_sampling_params is \{'top_k': 5\}, not None"):
         check.check(facts("http://b", preferred_sampling_params={"top_k": 5}))
+
+
+def test_a_resume_against_another_model_warns(tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any) -> None:
+    """The records already written and the new ones would come from two models: say so (a moved model is fine)."""
+    rows = [{"id": f"s{i}", "prompt": f"q {i}"} for i in range(4)] + [
+        {"id": f"l{i}", "prompt": "x" * 1500 + str(i)} for i in range(4)
+    ]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    out = tmp_path / "out"
+    with FakeSGLangServer(config_for(hf_tokenizer, context_length=1000)) as a:  # the long rows fail (400)
+        first = invoke(*run_args(prompts, out, tiny_tokenizer, a.url))
+    assert first.exit_code == 3, first.output
+    with FakeSGLangServer(config_for(hf_tokenizer, model_path="/models/other")) as b:
+        resumed = invoke("resume", "--out", str(out), "--server-url", b.url, "--no-progress")
+    assert resumed.exit_code == 0, resumed.output
+    assert "does not serve the model the records already written came from" in resumed.output
+    assert "model_path '/models/tok' then, '/models/other' now" in resumed.output

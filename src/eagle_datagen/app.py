@@ -53,6 +53,7 @@ from eagle_datagen.server.facts import (
     default_concurrency,
     model_mismatch_warnings,
     read_server_facts,
+    resumed_model_warnings,
 )
 from eagle_datagen.server.launcher import ManagedServer, redact
 from eagle_datagen.server.parity import preflight_parity
@@ -357,6 +358,9 @@ async def _execute(
         async with _servers(config, out) as servers:
             http, pool, server_facts, managed = servers.http, servers.pool, servers.facts, servers.managed
             pool.crashes.preload(crashed_ids - store.done)
+            if resume and store.done:
+                for warning in resumed_model_warnings(manifest.server.get("facts"), server_facts[0]):
+                    echo(f"  warning: {warning}")
             manifest.server.update(
                 {"facts": [f.to_json() for f in server_facts], "sglang_version": server_facts[0].version}
             )

@@ -263,6 +263,25 @@ class FactsCheck:
             self.reference = facts
 
 
+def resumed_model_warnings(previous: Any, facts: ServerFacts) -> list[str]:
+    """On resume: the facts that make "the same model" (:data:`IDENTITY_FIELDS`) that differ from those the
+    manifest recorded for the earlier runs' first server (their records and these would mix two models)."""
+    if not isinstance(previous, list) or not previous or not isinstance(previous[0], dict):
+        return []
+    before = previous[0]
+    changed = [
+        f"{name} {before.get(name)!r} then, {getattr(facts, name)!r} now"
+        for name in IDENTITY_FIELDS
+        if name in before and before[name] != getattr(facts, name)
+    ]
+    if not changed:
+        return []
+    return [
+        f"{facts.url} does not serve the model the records already written came from ({'; '.join(changed)}). "
+        "If the model only moved, this is fine; otherwise stop and give a new --out, or the dataset mixes two models"
+    ]
+
+
 def model_mismatch_warnings(
     facts: ServerFacts, tokenizer_path: Path, tokenizer_vocab: int, model_vocab: int | None
 ) -> list[str]:
