@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU demo: a tiny model served by real SGLang 0.5.23 on this CPU, eagle-datagen run on
-# examples/prompts.jsonl, then verify-shard on the result. Run through `make demo` (it sets up both venvs).
+# examples/prompts.jsonl, then verify-shard, show and stats on the result. Run through `make demo` (it sets up both venvs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -29,6 +29,12 @@ start=$(date +%s)
     --max-new-tokens 64 --shard-size 25 --no-progress \
     --out "$OUT"
 .venv/bin/eagle-datagen verify-shard "$OUT"
+echo
+echo "[demo] one record as a person reads it (eagle-datagen show):"
+.venv/bin/eagle-datagen show "$OUT" --limit 1
+echo
+echo "[demo] what the data holds (eagle-datagen stats; --plots DIR / --html FILE draw it):"
+.venv/bin/eagle-datagen stats "$OUT"
 echo
 echo "[demo] done in $(( $(date +%s) - start )) s. Shards are in $OUT/shards/; read one with:"
 echo "  head -n 1 $OUT/shards/shard_00000.jsonl | python3 -m json.tool | head -40"
