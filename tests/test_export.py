@@ -5,7 +5,6 @@ The trainers' own loaders read our files in tests/test_export_trainers.py.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -238,17 +237,16 @@ def test_a_changed_shard_is_refused_with_the_checksum_finding(run: Any, tmp_path
 
 
 def test_a_live_writer_is_refused(run: Any, tmp_path: Path) -> None:
-    fd = os.open(run.out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, orjson.dumps({"pid": 4242, "command": "eagle-datagen run"}))
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    from eagle_datagen.store.lock import hold
+
+    with hold(run.out, "eagle-datagen run"):  # the writer's own lock, as `run` holds it
         result = run_export(run.out, tmp_path / "x", "--format", "specforge")
         assert result.exit_code == 2
-        assert "in use by pid 4242" in result.output and "finished shards only" in result.output
-    finally:
-        os.close(fd)
-    result = run_export(run.out, tmp_path / "x", "--format", "specforge")  # the lock died with its holder
+        assert f"in use by pid {os.getpid()}" in result.output and "finished shards only" in result.output
+        assert not (tmp_path / "x").exists()
+    result = run_export(run.out, tmp_path / "x", "--format", "specforge")  # released: the .lock file stays
     assert result.exit_code == 0, result.output
+    assert (run.out / ".lock").exists()
 
 
 def test_a_partial_shard_is_not_read_and_says_so(tmp_path: Path) -> None:

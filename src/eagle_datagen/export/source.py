@@ -16,9 +16,7 @@ what the JSONL formats copy, and only the small rest of the line is parsed.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -29,10 +27,10 @@ from typing import Any
 import orjson
 
 from eagle_datagen.errors import UsageError
+from eagle_datagen.store.lock import is_locked
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
 from eagle_datagen.verify.verify import Checker, Options, Report, Setup, ShardTarget
 
-LOCK_NAME = ".lock"
 READ_BUFFER = 1 << 20
 PROGRESS_STEP = 1 << 22
 _PROMPT_KEY = b'"prompt_ids":['
@@ -188,39 +186,17 @@ def open_source(directory: Path, *, max_examples: int = 20) -> Source:
 
 
 def check_no_writer(directory: Path) -> None:
-    """Refuses a directory whose ``.lock`` a live ``run``/``resume`` holds.
+    """Refuses a directory whose ``.lock`` a live ``run``/``resume`` holds (:func:`store.lock.is_locked`).
 
-    The test is the writer's own: a shared ``flock`` taken for an instant and released (a writer holds it
-    exclusively for its whole life). Finalized shards never change afterwards, so checking once at the start
-    is enough; a run started later only adds shards, which this read does not see."""
-    try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            raise UsageError(
-                f"{directory} is in use by {holder}: a run is still writing there. Export reads finished "
-                f"shards only: wait for the run to end (or stop it, then `eagle-datagen resume --out {directory}` "
-                "to finish it) and export again"
-            ) from None
-        except OSError:
-            return
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def _holder(fd: int) -> str:
-    try:
-        data = orjson.loads(os.pread(fd, 4096, 0))
-    except (OSError, orjson.JSONDecodeError):
-        return "another process"
-    pid = data.get("pid") if isinstance(data, dict) else None
-    return f"pid {pid}" if isinstance(pid, int) else "another process"
+    Finalized shards never change afterwards, so checking once at the start is enough; a run started later
+    only adds shards, which this read does not see."""
+    holder = is_locked(directory)
+    if holder is not None:
+        raise UsageError(
+            f"{holder.describe(directory)}: a run is still writing there. Export reads finished shards only: "
+            f"wait for the run to end (or stop it{holder.stop_hint()}, then `eagle-datagen resume --out "
+            f"{directory}` to finish it) and export again"
+        )
 
 
 def _count_lines(path: Path) -> int:
