@@ -361,6 +361,11 @@ def resume(ctx: click.Context, /, out: Path, verbose: bool, **values: Any) -> No
 @click.option(
     "--max-errors", type=click.IntRange(min=1), default=20, show_default=True, help="Examples kept per error kind."
 )
+@click.option(
+    "--server-url",
+    help="Also render every prompt through this SGLang server's /v1/tokenize and report where it differs "
+    "(API key from EAGLE_DATAGEN_API_KEY).",
+)
 @handle_errors
 def verify_shard(
     paths: tuple[Path, ...],
@@ -369,6 +374,7 @@ def verify_shard(
     trust_remote_code: bool,
     as_json: bool,
     max_errors: int,
+    server_url: str | None,
 ) -> None:
     """Prove that shards are exact: token-level checks on every record.
 
@@ -389,6 +395,7 @@ def verify_shard(
             trust_remote_code=trust_remote_code,
             as_json=as_json,
             max_errors=max_errors,
+            server_url=server_url.rstrip("/") if server_url else None,
         )
     )
 

@@ -29,7 +29,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -582,6 +582,12 @@ def _describe(exc: BaseException) -> str:
 
 #: What rendering one row gives: its ``prompt_ids``, or why the row cannot be used.
 Rendered = list[int] | BadInputError
+
+
+class RowRenderer(Protocol):
+    """Anything that renders rows as :meth:`Renderer.render_many` does (the client, the server, both)."""
+
+    def render_many(self, rows: Sequence[PromptRow], path: str = ...) -> list[Rendered]: ...
 
 
 def as_token_ids(result: Any) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from eagle_datagen.errors import BadInputError, PreflightFailed
 from eagle_datagen.inputs.prompts import PromptReader, PromptRow
-from eagle_datagen.inputs.render import Renderer
+from eagle_datagen.inputs.render import Rendered, Renderer
 from eagle_datagen.inputs.sources import PromptSource
 from eagle_datagen.server.tokenize import NoTokenizeEndpoint, ServerRenderer
 
@@ -142,6 +142,44 @@ def check_parity(
             f"{message}); fix: {PARITY_FIX}"
         )
     return result
+
+
+class ParityRenderer:
+    """For ``verify-shard --server-url``: renders rows with the client and through the server, and hands back
+    the client's ids where both agree; a row they render differently becomes a :class:`BadInputError` whose
+    message shows where (verify reports it as a ``render_error`` of that record). Rows the server's chat path
+    refuses keep the client's ids and are counted in :attr:`refused`."""
+
+    def __init__(self, client: Renderer, server: ServerRenderer) -> None:
+        self.client = client
+        self.server = server
+        self.refused: list[tuple[int, str]] = []
+        today = datetime.date.today()
+        self.compare_with = client
+        if client.traits.date_dependent and client.render_date not in (None, today):  # the server's clock
+            self.compare_with = Renderer(client.tokenizer, client.template_kwargs, render_date=today)
+
+    def render_many(self, rows: Sequence[PromptRow], path: str = "<prompts>") -> list[Rendered]:
+        client = self.client.render_many(rows, path)
+        compare = client if self.compare_with is self.client else self.compare_with.render_many(rows, path)
+        served = self.server.render_many(rows, path)
+        out: list[Rendered] = []
+        for row, mine, ours, theirs in zip(rows, client, compare, served, strict=True):
+            if isinstance(theirs, BadInputError) and not isinstance(mine, BadInputError):
+                self.refused.append((row.line, theirs.detail))
+            elif isinstance(ours, list) and isinstance(theirs, list) and ours != theirs:
+                mine = BadInputError(
+                    path, row.line, "render_parity",
+                    f"render parity: {self.server.url} renders it differently; "
+                    + _one_line(describe_difference(self.client.tokenizer, ours, theirs)),
+                    PARITY_FIX,
+                )  # fmt: skip
+            out.append(mine)
+        return out
+
+
+def _one_line(text: str) -> str:
+    return text.replace(":\n      ", ": ").replace("\n      ", "; ")
 
 
 def preflight_parity(

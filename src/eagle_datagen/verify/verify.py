@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import tempfile
 import time
 from collections import Counter
@@ -40,6 +41,7 @@ from eagle_datagen.errors import BadInputError, UsageError
 from eagle_datagen.inputs.prompts import PromptRow, parse_row
 from eagle_datagen.inputs.render import (
     Renderer,
+    RowRenderer,
     load_tokenizer,
     model_vocab_size,
     renderer_for_plan,
@@ -292,7 +294,7 @@ class Rerenderer:
     """Compares stored ``prompt_ids`` with fresh renders in batches: each key rendered once, its row read in
     file order, the batch rendered by :meth:`Renderer.render_many` (one tokenizer call per batch)."""
 
-    def __init__(self, renderer: Renderer, index: PromptIndex, on_error: ErrorSink) -> None:
+    def __init__(self, renderer: RowRenderer, index: PromptIndex, on_error: ErrorSink) -> None:
         self.renderer = renderer
         self.index = index
         self.on_error = on_error
@@ -423,6 +425,8 @@ class Options:
     tokenizer: Path | None
     trust_remote_code: bool
     rerender: bool
+    #: ``--server-url``: every prompt is also rendered through the server's /v1/tokenize (server/parity.py).
+    server_url: str | None = None
 
 
 class Setup:
@@ -435,6 +439,8 @@ class Setup:
         self.tokenizers: dict[Path, Any] = {}
         self.indexes: dict[Path, PromptIndex] = {}
         self.scanned: set[Path] = set()
+        self.servers: list[Any] = []  # ServerRenderer, closed at the end
+        self.parity: list[Any] = []  # ParityRenderer, whose refusals become a warning
 
     def targets(self, paths: Sequence[Path]) -> list[ShardTarget]:
         found: dict[Path, ShardTarget] = {}
@@ -599,7 +605,33 @@ class Setup:
         if not index.matches(plan.get("prompts") or {}):
             self._warn_changed("prompts_changed", prompts, "the prompts file differs from the one")
         renderer = renderer_for_plan(self._tokenizer(tokenizer), plan)  # the run's kwargs and pinned date
-        context.rerender = Rerenderer(renderer, index, self._render_error)
+        context.rerender = Rerenderer(self._server_hook(renderer, plan, run_dir), index, self._render_error)
+
+    def _server_hook(self, renderer: Renderer, plan: dict[str, Any], run_dir: Path) -> RowRenderer:
+        """With ``--server-url``, the server renders every prompt too (:class:`ParityRenderer`); prompts a run
+        rendered through the server (``--render server``) are compared with the server's render alone."""
+        by_server = (plan.get("render") or {}).get("renderer") == "server"
+        if self.options.server_url is None:
+            if by_server:
+                self.report.skip(
+                    f"{run_dir}: prompt re-render against the server (the run rendered through /v1/tokenize, "
+                    "--render server); pass --server-url to re-render there"
+                )
+            return renderer
+        from eagle_datagen.generate.connect import ssl_context
+        from eagle_datagen.server.parity import ParityRenderer
+        from eagle_datagen.server.tokenize import ServerRenderer
+
+        server = ServerRenderer(
+            self.options.server_url, api_key=os.environ.get("EAGLE_DATAGEN_API_KEY") or None,
+            template_kwargs=renderer.template_kwargs, tls=ssl_context(),
+        )  # fmt: skip
+        self.servers.append(server)
+        if by_server:
+            return server
+        parity = ParityRenderer(renderer, server)
+        self.parity.append(parity)
+        return parity
 
     def _warn_changed(self, kind: str, path: Path, differs: str) -> None:
         message = f"{differs} pinned in the manifest; prompt mismatches may come from that"
@@ -985,11 +1017,12 @@ def verify(
     trust_remote_code: bool = False,
     max_errors: int = 20,
     rerender: bool = True,
+    server_url: str | None = None,
 ) -> Report:
     """Checks every record of the given shard files and run directories; see the module docstring."""
     started = time.perf_counter()
     report = Report(max_examples=max_errors)
-    setup = Setup(Options(prompts, tokenizer, trust_remote_code, rerender), report)
+    setup = Setup(Options(prompts, tokenizer, trust_remote_code, rerender, server_url), report)
     targets = setup.targets(paths)
     if not targets:
         report.skip(f"everything: no shard files under {', '.join(map(str, paths))}")
@@ -1001,9 +1034,19 @@ def verify(
             except OSError as exc:
                 raise UsageError(f"cannot read {target.path}: {exc.strerror or exc}") from exc
         checker.settle(list(setup.contexts.values()))
+        for parity in setup.parity:
+            if parity.refused:
+                line, message = parity.refused[0]
+                report.add("warning", Finding(
+                    "server_refused", str(server_url), line, None,
+                    f"{parity.server.url}'s chat path refuses {len(parity.refused)} prompt(s) the template renders "
+                    f"(e.g. line {line}: {message}); served traffic could not send them",
+                ), count=len(parity.refused))  # fmt: skip
     finally:
         for index in setup.indexes.values():
             index.close()
+        for server in setup.servers:
+            server.close()
     report.elapsed_s = time.perf_counter() - started
     return report
 
@@ -1016,11 +1059,13 @@ def verify_command(
     trust_remote_code: bool,
     as_json: bool,
     max_errors: int,
+    server_url: str | None = None,
 ) -> int:
     """``eagle-datagen verify-shard``: prints the report; 0 when there are no errors, else 1."""
     report = verify(
-        paths, prompts=prompts, tokenizer=tokenizer, trust_remote_code=trust_remote_code, max_errors=max_errors
-    )
+        paths, prompts=prompts, tokenizer=tokenizer, trust_remote_code=trust_remote_code, max_errors=max_errors,
+        server_url=server_url,
+    )  # fmt: skip
     if as_json:
         print(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
