@@ -402,6 +402,10 @@ class _HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.core.conns.add(self)
+        if self.core.server is None:
+            # Accepted by the kernel just before the server went down: a dead server keeps no connection
+            # (and one left open here would never be closed, which is a leaked socket at shutdown).
+            self.abort()
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -695,8 +699,14 @@ class _Core:
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        # Aborted transports close their sockets in a callback: let those run before the loop stops.
         for _ in range(3):
             await asyncio.sleep(0)
+        deadline = time.monotonic() + 1.0
+        while self.conns and time.monotonic() < deadline:
+            for proto in list(self.conns):
+                proto.abort()
+            await asyncio.sleep(0.01)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         assert self.loop is not None
