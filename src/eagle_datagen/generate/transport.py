@@ -154,6 +154,8 @@ class _Connection(asyncio.Protocol):
         h.send(request.event)  # h11 now expects the response to exactly this request (see _Request)
         h.send(h11.EndOfMessage())
         transport.write(request.frame(body))  # one write: one send(2) when the socket takes it all
+        if not self.received and not self.closed:
+            await self._wait()  # asking h11 before any byte came would only cost a NEED_DATA round
         status = 0
         headers: Sequence[tuple[bytes, bytes]] = ()
         chunks: list[bytes] = []
