@@ -82,3 +82,11 @@ def test_which_flags_are_secret() -> None:
     assert check_api_key("sk-abc_123.XYZ", "--api-key") == "sk-abc_123.XYZ"
     with pytest.raises(UsageError, match="non-ASCII"):
         check_api_key("clé", "--api-key")
+
+
+def test_credentials_in_a_server_url_are_refused_without_showing_them(tmp_path: Path) -> None:
+    options = {"prompts": tmp_path / "p.jsonl", "out": tmp_path / "out", "tokenizer": tmp_path / "T"}
+    with pytest.raises(UsageError) as caught:
+        build_run_config({**options, "server_url": ("https://bob:PW-SECRET@node1:30000",)})
+    assert "PW-SECRET" not in str(caught.value) and "bob" not in str(caught.value)
+    assert "--server-url https://***@node1:30000" in str(caught.value) and "--api-key" in str(caught.value)

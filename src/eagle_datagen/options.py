@@ -12,6 +12,7 @@ import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from eagle_datagen.config import (
     LaunchConfig,
@@ -202,6 +203,7 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
     )
     api_key = _api_key(opts)
     urls = tuple(u.rstrip("/") for u in opts.get("server_url") or ())
+    _check_no_credentials_in_urls(urls)
     launch = None
     _check_no_masked_server_args(tuple(opts["server_arg"]), opts.get("out"))
     if not urls:
@@ -278,6 +280,19 @@ def _api_key(opts: dict[str, Any]) -> str | None:
     if os.environ.get(API_KEY_ENV):
         return check_api_key(os.environ[API_KEY_ENV], f"the {API_KEY_ENV} environment variable")
     return None
+
+
+def _check_no_credentials_in_urls(urls: tuple[str, ...]) -> None:
+    """``https://user:secret@host``: never used (the key travels as a Bearer header), and it would be saved and shown."""
+    for url in urls:
+        parts = urlsplit(url)
+        if "@" in parts.netloc:
+            shown = parts._replace(netloc=f"{MASK}@{parts.netloc.rsplit('@', 1)[1]}").geturl()
+            raise UsageError(
+                f"--server-url {shown}: a user name or password in the URL is not used (the servers' key is sent "
+                "only as 'Authorization: Bearer'), and the URL would be saved in manifest.json and shown; give "
+                "the URL without it, and the key with --api-key or EAGLE_DATAGEN_API_KEY"
+            )
 
 
 def _check_no_masked_server_args(args: tuple[str, ...], out: Any) -> None:
