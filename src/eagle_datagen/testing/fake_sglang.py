@@ -481,7 +481,8 @@ class _HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     def abort(self) -> None:
-        if not self.closed and self.transport is not None:
+        # Also after a graceful close(): one still flushing to a peer that stopped reading never ends by itself.
+        if not self.lost and self.transport is not None:
             self.closed = True
             self.transport.abort()
 
