@@ -240,3 +240,16 @@ def test_a_template_that_drops_tools_is_a_warning_with_the_rows_affected(tmp_pat
     assert any("ignores `tools`: 1 row(s)" in n for n in notes)
     assert any("needs tool-call arguments as JSON strings" in n for n in notes)
     assert not [n for n in template_notes(renderer("qwen3-hybrid"), prompts) if n.startswith("warning")]
+
+
+def test_content_parts_reach_the_templates_sglang_keeps_them_for() -> None:
+    """SGLang 0.5.23's detect_jinja_template_content_format (measured in .venv-sglang): 'openai' for the Kimi
+    templates (they name media), 'string' for the others."""
+    kept = {name for name in FAMILIES if renderer(name).keeps_content_parts}
+    assert kept == {"kimi-k2.5-synthvocab", "kimi-k2.5-synthvocab-fast"} & set(FAMILIES)
+    parts = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "parts"}]}]
+    }
+    for name in FAMILIES:
+        content = parts["messages"][0]["content"] if name in kept else "two parts"
+        assert renderer(name).render(row(parts)) == reference(name, [{"role": "user", "content": content}])

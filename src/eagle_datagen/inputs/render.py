@@ -21,7 +21,6 @@ import json
 import logging
 import multiprocessing
 import os
-import re
 import signal
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -56,9 +55,6 @@ TOKENIZER_FILES = (
 )
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-# SGLang's serving path keeps a list of content parts only for templates that loop over them
-# (``process_content_for_template_format``); otherwise the text parts are joined with a space.
-_CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+(?:message|msg|m)\s*(?:\.content|\[\s*['\"]content['\"]\s*\])")
 
 
 @dataclass(frozen=True)
@@ -307,6 +303,52 @@ class TemplateTraits:
     date_dependent: bool
 
 
+_MEDIA_WORDS = ("image", "audio", "video", "vision")
+
+
+def template_keeps_content_parts(template: str) -> bool:
+    """Whether SGLang's chat path hands this template content as a list of parts (its ``'openai'`` format)
+    rather than joined text: ``detect_jinja_template_content_format`` (``sglang/srt/parser/
+    jinja_template_utils.py``, 0.5.23), ported. A template naming any media word is taken as ``'openai'``;
+    otherwise one that loops over ``message.content`` / ``msg.content`` / ``m.content`` (with filters,
+    tests or slices) is."""
+    if not template:
+        return False
+    if any(word in template for word in _MEDIA_WORDS):
+        return True
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        ast = _compile_jinja_template(template).environment.parse(template)
+    except Exception:
+        try:
+            ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+        except jinja2.TemplateError:
+            return False
+
+    def reads_content(node: nodes.Node, name: str) -> bool:
+        if isinstance(node, (nodes.Filter, nodes.Test)):
+            return node.node is not None and reads_content(node.node, name)
+        if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+            return reads_content(node.node, name)
+        if isinstance(node, nodes.Getitem):
+            return _is_name(node.node, name) and isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        if isinstance(node, nodes.Getattr):
+            return _is_name(node.node, name) and node.attr == "content"
+        return False
+
+    return any(reads_content(loop.iter, name) for loop in ast.find_all(nodes.For) for name in ("message", "msg", "m"))
+
+
+def _is_name(node: Any, name: str) -> bool:
+    from jinja2 import nodes
+
+    return isinstance(node, nodes.Name) and node.ctx == "load" and node.name == name
+
+
 def template_calls_strftime(template: Any) -> bool:
     """True when a chat template (or any of a dict of named templates) reads ``strftime_now``."""
     from jinja2 import Environment, TemplateSyntaxError, meta
@@ -376,7 +418,7 @@ class Renderer:
         self.render_date = render_date
         raw = tokenizer.chat_template
         template = raw if isinstance(raw, str) else ""
-        self.keeps_content_parts = bool(_CONTENT_LOOP.search(template))
+        self.keeps_content_parts = template_keeps_content_parts(template)
         date_dependent = template_calls_strftime(raw)
         self._templates: dict[str, str] | None = None
         if date_dependent and render_date is not None:
