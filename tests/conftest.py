@@ -44,13 +44,15 @@ def hf_tokenizer(tiny_tokenizer: Path) -> Any:
 @pytest.fixture
 def fake_server(hf_tokenizer: Any, tiny_tokenizer: Path) -> Iterator[Any]:
     """A fake SGLang server whose vocabulary matches the tiny tokenizer (and whose /v1/tokenize renders with it)."""
-    from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+    from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
+    # family mode: outputs shaped as the tiny Kimi-style family writes them (so the record checks accept them)
     config = FakeConfig(
         vocab_size=len(hf_tokenizer),
         eos_id=hf_tokenizer.eos_token_id,
         max_running_requests=32,
         tokenizer_path=str(tiny_tokenizer),
+        family=family_config(hf_tokenizer),
     )
     server = FakeSGLangServer(config).start()
     try:

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.store import shards
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
 
 def invoke(*args: str) -> Any:
@@ -29,7 +29,8 @@ def run_args(prompts: Path, out: Path, tokenizer: Path, url: str, *extra: str) -
 
 
 def clean_config(hf_tokenizer: Any, **faults: Any) -> FakeConfig:
-    return FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, max_running_requests=32, **faults)
+    return FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, max_running_requests=32,
+                      family=family_config(hf_tokenizer), **faults)  # fmt: skip
 
 
 def by_id(out: Path) -> dict[str, dict[str, Any]]:

@@ -33,7 +33,7 @@ from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.options import build_run_config
 from eagle_datagen.server import launcher
 from eagle_datagen.server.launcher import ManagedServer, check_server_args, launch_command, redact
-from eagle_datagen.testing.fake_sglang import FakeConfig, expected_output
+from eagle_datagen.testing.fake_sglang import FakeConfig, expected_output, family_config
 
 TESTS = Path(__file__).resolve().parent
 STANDIN = TESTS / "standin"
@@ -206,7 +206,8 @@ def standin_config(tmp_path: Path, **changes: Any) -> LaunchConfig:
 
 
 def standin_env(**knobs: str) -> dict[str, str]:
-    return {"PYTHONPATH": str(STANDIN), **knobs}
+    # the stand-in imports this checkout's package (not whatever the venv has installed)
+    return {"PYTHONPATH": os.pathsep.join([str(STANDIN), str(STANDIN.parents[1] / "src")]), **knobs}
 
 
 def run(coro: Any) -> Any:
@@ -408,11 +409,17 @@ def model_dir(tmp_path: Path, tiny_tokenizer: Path) -> Path:
 
 @pytest.fixture
 def fake_config(hf_tokenizer: Any) -> FakeConfig:
-    return FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, max_running_requests=16)
+    return FakeConfig(
+        vocab_size=len(hf_tokenizer),
+        eos_id=hf_tokenizer.eos_token_id,
+        max_running_requests=16,
+        family=family_config(hf_tokenizer),
+    )
 
 
 def fake_env(config: FakeConfig, **extra: Any) -> dict[str, str]:
-    fields = {"vocab_size": config.vocab_size, "eos_id": config.eos_id, "max_running_requests": 16, **extra}
+    fields = {"vocab_size": config.vocab_size, "eos_id": config.eos_id, "max_running_requests": 16,
+              "family": config.family, **extra}  # fmt: skip
     return standin_env(FAKE_SGLANG_CONFIG_JSON=orjson.dumps(fields).decode())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,14 +20,20 @@ from eagle_datagen.server.launcher import check_server_args, launch_command
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 STANDIN = Path(__file__).resolve().parent / "standin"
 
-#: docs/reasoning-templates.md §0: <think>, </think>, whether the prompt ends inside the reasoning, the stop ids,
-#: and the thinking switch of the template.
-FACTS: dict[str, tuple[int, int, bool, list[int], dict[str, Any]]] = {
-    "kimi-k2.5": (163606, 163607, True, [163586, 163585], {"thinking": True}),
-    "qwen3": (151667, 151668, False, [151645, 151643], {"enable_thinking": True}),
-    "deepseek-r1": (128798, 128799, True, [1], {}),
-    "deepseek-v3.1": (128798, 128799, True, [1], {"thinking": True}),
-    "glm-4.5": (151350, 151351, False, [151329, 151336, 151338], {"enable_thinking": True}),
+#: docs/reasoning-templates.md: the family's reasoning, <think>, </think>, whether the prompt ends inside the
+#: reasoning, the stop ids, and the thinking switch of the template.
+FACTS: dict[str, tuple[str, int | None, int | None, bool | None, list[int], dict[str, Any]]] = {
+    "kimi-k2.5": ("prompt", 163606, 163607, True, [163586, 163585], {"thinking": True}),
+    "kimi-k2-thinking": ("model", 163606, 163607, False, [163586, 163585], {}),
+    "qwen3": ("model", 151667, 151668, False, [151645, 151643], {"enable_thinking": True}),
+    "qwen3-thinking-2507": ("prompt", 151667, 151668, True, [151645, 151643], {}),
+    "qwen3-instruct-2507": ("none", None, None, None, [151645, 151643], {}),
+    "deepseek-r1": ("prompt", 128798, 128799, True, [1], {}),
+    "deepseek-r1-distill-qwen": ("prompt", 151648, 151649, True, [151643], {}),
+    "deepseek-v3.1": ("prompt", 128798, 128799, True, [1], {"thinking": True}),
+    "glm-4.5": ("model", 151350, 151351, False, [151329, 151336, 151338], {"enable_thinking": True}),
+    "gpt-oss": ("harmony", None, None, None, [200002, 199999, 200012], {"reasoning_effort": "medium"}),
+    "minimax-m2": ("prompt", 200050, 200051, True, [200020], {}),
 }
 
 
@@ -41,10 +48,11 @@ def base_options(tmp_path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("name", sorted(FACTS))
 def test_a_preset_parses_and_builds_a_launch(name: str, tmp_path: Path) -> None:
     preset = load_preset(CONFIGS / f"{name}.toml")
-    think_open, think_close, in_prompt, stop_ids, kwargs = FACTS[name]
+    reasoning, think_open, think_close, in_prompt, stop_ids, kwargs = FACTS[name]
     assert preset["preset_name"] == name
     tokens = preset["preset_tokens"]
-    assert (tokens["think_open"], tokens["think_close"], tokens["think_open_in_prompt"]) == (
+    assert tokens["reasoning"] == reasoning
+    assert (tokens.get("think_open"), tokens.get("think_close"), tokens.get("think_open_in_prompt")) == (
         think_open,
         think_close,
         in_prompt,
@@ -54,7 +62,7 @@ def test_a_preset_parses_and_builds_a_launch(name: str, tmp_path: Path) -> None:
 
     config = build_run_config(merge(preset, base_options(tmp_path)))
     launch = config.server.launch
-    assert launch is not None and launch.tp_size == 8 and launch.mem_fraction_static == 0.85
+    assert launch is not None and launch.tp_size in (1, 8) and launch.mem_fraction_static == 0.85
     check_server_args(launch.server_args, allow_reasoning_parser=False)
     assert "--reasoning-parser" not in " ".join(launch_command(launch, 30000, None))
     assert config.chat_template_kwargs == kwargs
@@ -107,22 +115,43 @@ def test_a_preset_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
         load_preset(bad)
 
 
-def test_run_with_a_preset_and_overriding_flags(
-    tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`--config configs/kimi-k2.5.toml` on the command line, with a launched (stand-in) server."""
-    fake = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 8}
-    monkeypatch.setenv("PYTHONPATH", str(STANDIN))
-    monkeypatch.setenv("FAKE_SGLANG_CONFIG_JSON", orjson.dumps(fake).decode())
-    model = Path(shutil.copytree(tiny_tokenizer, tmp_path / "model"))
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"k{i}", "prompt": f"q {i}"} for i in range(5)])
-    out = tmp_path / "out"
-    args = [
+@pytest.fixture(scope="module")
+def kimi_ids_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Kimi-style tokenizer with Kimi-K2.5's real special ids (what configs/kimi-k2.5.toml states)."""
+    from eagle_datagen.testing.tiny import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok-kimi-ids"), template="kimi", kimi_ids=True)
+
+
+def standin_pythonpath() -> str:
+    """The stand-in server imports this checkout's package, not whatever the venv has installed."""
+    return os.pathsep.join([str(STANDIN), str(STANDIN.parents[1] / "src")])
+
+
+def preset_run_args(model: Path, prompts: Path, out: Path) -> list[str]:
+    return [
         "run", "--config", str(CONFIGS / "kimi-k2.5.toml"), "--prompts", str(prompts), "--out", str(out),
         "--model", str(model), "--server-python", sys.executable, "--tp-size", "1", "--temperature", "0",
         "--max-new-tokens", "16", "--server-arg=--device=cpu", "--no-progress",
     ]  # fmt: skip
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def test_run_with_a_preset_and_overriding_flags(
+    tmp_path: Path, kimi_ids_tokenizer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--config configs/kimi-k2.5.toml` on the command line, with a launched (stand-in) server."""
+    from eagle_datagen.inputs.render import load_tokenizer
+    from eagle_datagen.testing.fake_sglang import family_config
+
+    tokenizer = load_tokenizer(kimi_ids_tokenizer)
+    fake = {"vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id, "max_running_requests": 8,
+            "family": family_config(tokenizer)}  # fmt: skip
+    monkeypatch.setenv("PYTHONPATH", standin_pythonpath())
+    monkeypatch.setenv("FAKE_SGLANG_CONFIG_JSON", orjson.dumps(fake).decode())
+    model = Path(shutil.copytree(kimi_ids_tokenizer, tmp_path / "model"))
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"k{i}", "prompt": f"q {i}"} for i in range(5)])
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, preset_run_args(model, prompts, out), catch_exceptions=False)
     assert result.exit_code == 0, result.output
     manifest = orjson.loads((out / "manifest.json").read_bytes())
     command = manifest["server"]["launch_command"]
@@ -136,7 +165,23 @@ def test_run_with_a_preset_and_overriding_flags(
         "temperature": "flag",
         "top_p": "preset kimi-k2.5",
     }
+    # the preset's stop ids joined the stop set (the tiny tokenizer itself only names <|im_end|>)
+    assert {163585, 163586} <= set(manifest["facts"]["stop_token_ids"])
+    assert manifest["facts"]["family"]["reasoning"] == "prompt"
     assert sorted(r["id"] for r in read_records(out)) == [f"k{i}" for i in range(5)]
+
+
+def test_a_preset_for_another_model_stops_the_run_naming_both_values(
+    tmp_path: Path, tiny_tokenizer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny tokenizer's <think> is 514, the Kimi preset says 163606: nothing is launched, both are named."""
+    model = Path(shutil.copytree(tiny_tokenizer, tmp_path / "model"))
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": "k", "prompt": "q"}])
+    monkeypatch.setenv("PYTHONPATH", standin_pythonpath())
+    result = CliRunner().invoke(main, preset_run_args(model, prompts, tmp_path / "out"))
+    assert result.exit_code == 2
+    assert "[tokens] says think_open = 163606, but the tokenizer gives 514" in result.output
+    assert not (tmp_path / "out" / "server.log").exists()
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from conftest import read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
+from eagle_datagen.testing.fake_sglang import family_config
 
 
 def invoke(*args: str) -> Any:
@@ -34,7 +35,7 @@ def fake_process(tmp_path: Path, hf_tokenizer: Any) -> Iterator[tuple[str, Path]
     """A fake SGLang server in its own process, with latency, so kills land mid-flight."""
     port_file = tmp_path / "fake.port"
     config = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "latency_s": 0.05,
-              "max_running_requests": 4}  # fmt: skip
+              "max_running_requests": 4, "family": family_config(hf_tokenizer)}  # fmt: skip
     process = subprocess.Popen(
         [sys.executable, "-m", "eagle_datagen.testing.fake_sglang", "--port", "0", "--port-file", str(port_file),
          "--config-json", orjson.dumps(config).decode()],
@@ -282,7 +283,12 @@ def test_sigint_stops_cleanly_and_prints_the_resume_command(
 ) -> None:
     from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
 
-    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, latency_s=0.4)
+    config = FakeConfig(
+        vocab_size=len(hf_tokenizer),
+        eos_id=hf_tokenizer.eos_token_id,
+        latency_s=0.4,
+        family=family_config(hf_tokenizer),
+    )
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(200))
     out = tmp_path / "out"
     with FakeSGLangServer(config) as server:

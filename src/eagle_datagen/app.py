@@ -47,6 +47,8 @@ from eagle_datagen.inputs.render import (
 from eagle_datagen.inputs.sources import open_source
 from eagle_datagen.options import build_run_config, merge, savable
 from eagle_datagen.progress import Progress, format_failures, format_summary
+from eagle_datagen.record.checks import RecordSpec
+from eagle_datagen.record.family import Family, PresetMismatch, apply_preset_tokens, describe_family, detect_family
 from eagle_datagen.server.facts import (
     FactsCheck,
     ServerFacts,
@@ -266,7 +268,8 @@ async def _execute(
     renderer = Renderer(tokenizer, config.chat_template_kwargs, render_date=config.render_date)
     identity = source.identity()
     plan = build_plan(config, facts, identity, render_plan(renderer, config.render))
-    stop_ids = sorted({*facts.eos_token_ids, *config.sampling.params.get("stop_token_ids", [])})
+    family = _family(tokenizer, config, facts, options)
+    stop_ids = sorted({*facts.eos_token_ids, *family.stop_ids, *config.sampling.params.get("stop_token_ids", [])})
     if resume:
         manifest = Manifest.load(out)
         check_plan(manifest.plan, plan)
@@ -283,13 +286,18 @@ async def _execute(
         "sampling_source": config.sampling.source,
         "sampling_origins": config.sampling.origins,
         "preset": config.preset,
+        "family": family.to_json(),
     }
+    spec = RecordSpec(
+        vocab_size=manifest.facts["model_vocab_size"] or facts.vocab_size, stop_ids=frozenset(stop_ids), family=family
+    )
     manifest.server["options"] = savable(options)
     manifest.save()
 
     echo(f"eagle-datagen {__version__}: {'resuming' if resume else 'writing'} {out}")
     echo(f"  sampling ({config.sampling.source}): {config.sampling.to_request()}")
     echo(f"  chat template kwargs: {config.chat_template_kwargs or '{}'}; stop ids: {stop_ids}")
+    echo(f"  family: {describe_family(family)}")
     if config.mix is not None:
         echo(f"  mix (per {config.mix.per}, seed {config.mix.seed}): {describe_mix(config.mix)}")
     if config.samples_per_prompt > 1 and (greedy := greedy_samplings(config)):
@@ -432,7 +440,7 @@ async def _execute(
                 store=store,
                 failures=failures,
                 sampling_params=config.sampling.to_request(),
-                stop_ids=stop_ids,
+                spec=spec,
                 concurrency=concurrency,
                 max_retries=config.max_retries,
                 checkpoint_records=config.checkpoint_records,
@@ -525,6 +533,19 @@ def _nothing_to_do(store: ShardStore, out: Path) -> Outcome:
         out_dir=out,
         exit_code=EXIT_FAILED_REQUESTS if unresolved else EXIT_DONE,
     )
+
+
+def _family(tokenizer: Any, config: RunConfig, facts: TokenizerFacts, options: dict[str, Any]) -> Family:
+    """The model family, detected by rendering; a preset's [tokens] facts are checked against it (a mismatch
+    stops the run naming both values) and its stop ids join the stop set."""
+    family = detect_family(tokenizer, config.chat_template_kwargs, stop_ids=facts.eos_token_ids)
+    tokens = options.get("preset_tokens")
+    if tokens:
+        try:
+            family = apply_preset_tokens(family, tokens, tokenizer, config.preset or "preset")
+        except PresetMismatch as exc:
+            raise UsageError(str(exc)) from None
+    return family
 
 
 def _utc(t: float) -> str:

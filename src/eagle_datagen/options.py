@@ -28,6 +28,7 @@ from eagle_datagen.inputs.mix import load_mix
 from eagle_datagen.inputs.partition import Partition
 from eagle_datagen.inputs.render import parse_render_date
 from eagle_datagen.inputs.sources import Columns
+from eagle_datagen.record.family import PRESET_TOKEN_KEYS as FAMILY_TOKEN_KEYS
 from eagle_datagen.redaction import MASK, check_api_key, redact_options, redacted_args
 
 API_KEY_ENV = "EAGLE_DATAGEN_API_KEY"
@@ -92,7 +93,8 @@ PRESET_SECTIONS = {
 }
 #: Tables whose keys are free (the template's own kwargs) or informational (token facts for readers).
 PRESET_FREE_TABLES = ("chat_template_kwargs",)
-PRESET_TOKEN_KEYS = frozenset({"think_open", "think_close", "think_open_in_prompt", "prompt_tail", "stop_token_ids"})
+#: [tokens] keys: the model-family facts, checked against the tokenizer at start (eagle_datagen.record.family).
+PRESET_TOKEN_KEYS = frozenset(FAMILY_TOKEN_KEYS)
 PRESET_TOP_KEYS = frozenset({"name"})
 
 

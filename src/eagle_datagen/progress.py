@@ -75,6 +75,13 @@ def format_summary(
         f"failures: {stats.failures} (see failures.jsonl); retries: {stats.retries}; requeued after a server went down: {stats.requeued}",
         f"prompt rows: {read.rows} read, {read.bad + stats.rejects} set aside (rejects.jsonl), "
         f"{read.collapsed_duplicates} identical rows collapsed, {stats.already_done + read.done_skipped * samples} records already done",
+        *(
+            [
+                f"record warnings (written, see docs/verify.md): {', '.join(f'{k} {v}' for k, v in sorted(stats.warnings.items()))}"
+            ]
+            if stats.warnings
+            else []
+        ),
         f"wall time: {wall_s:,.1f} s ({stats.output_tokens / max(wall_s, 1e-9):,.0f} output tok/s)",
     ]
     if unresolved:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import email.utils
 import ssl
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ import orjson
 
 from eagle_datagen.errors import RequestFailed, ServerError
 from eagle_datagen.generate.transport import Transport, TransportError
-from eagle_datagen.record.checks import response_problem
+from eagle_datagen.record.checks import RETRYABLE_KINDS, Problem, RecordSpec, check_record
 from eagle_datagen.redaction import MASK
 
 
@@ -33,6 +33,8 @@ class GenerateResult:
     prompt_tokens: int | None
     cached_tokens: int | None
     latency_s: float
+    #: the record checks' warnings (:mod:`eagle_datagen.record.checks`): written, and counted
+    warnings: tuple[Problem, ...] = ()
 
 
 _INT = frozenset({int})
@@ -83,7 +85,7 @@ async def generate(
     rid: str,
     *,
     timeout_s: float,
-    stop_ids: Collection[int] | None = None,
+    spec: RecordSpec | None = None,
 ) -> GenerateResult:
     """One checked /generate call; raises :class:`RequestFailed` or :class:`ServerError`."""
     body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling_params, "rid": rid})
@@ -109,7 +111,7 @@ async def generate(
             status=status,
             retry_after_s=retry_after_s(response.header("retry-after")) if status in (429, 503) else None,
         )
-    return parse_generate_response(response.body, input_ids, sampling_params, stop_ids, time.monotonic() - started)
+    return parse_generate_response(response.body, input_ids, sampling_params, spec, time.monotonic() - started)
 
 
 def retry_after_s(value: str | None) -> float | None:
@@ -132,7 +134,7 @@ def parse_generate_response(
     content: bytes,
     input_ids: Sequence[int],
     sampling_params: dict[str, Any],
-    stop_ids: Collection[int] | None,
+    spec: RecordSpec | None,
     latency_s: float,
 ) -> GenerateResult:
     """Validates a 200 body and applies the response checks."""
@@ -151,17 +153,13 @@ def parse_generate_response(
         raise RequestFailed("bad_response", "the response has no 'meta_info'", retryable=True)
     finish_reason = meta.get("finish_reason")
     completion_tokens = meta.get("completion_tokens")
-    problem = response_problem(
-        input_ids,
-        output_ids,
-        finish_reason,
-        completion_tokens,
+    verdict = check_record(
+        spec or RecordSpec(), input_ids, output_ids, finish_reason, completion_tokens,
         max_new_tokens=sampling_params.get("max_new_tokens"),
-        stop_ids=stop_ids,
-    )
-    if problem is not None:
-        kind, message = problem
-        raise RequestFailed(f"check_{kind}", message, retryable=kind == "abort")
+    )  # fmt: skip
+    if verdict.errors:
+        kind, message = verdict.errors[0]
+        raise RequestFailed(f"check_{kind}", message, retryable=kind in RETRYABLE_KINDS)
     assert isinstance(finish_reason, dict) and isinstance(completion_tokens, int)
     return GenerateResult(
         output_ids=output_ids,
@@ -170,6 +168,7 @@ def parse_generate_response(
         prompt_tokens=meta.get("prompt_tokens"),
         cached_tokens=meta.get("cached_tokens"),
         latency_s=latency_s,
+        warnings=tuple(verdict.warnings),
     )
 
 

@@ -33,6 +33,7 @@ from eagle_datagen.generate.transport import Transport
 from eagle_datagen.inputs.mix import Mix, RecordPlan
 from eagle_datagen.inputs.prompts import PromptReader, PromptRow
 from eagle_datagen.inputs.render import Rendered
+from eagle_datagen.record.checks import RecordSpec
 from eagle_datagen.record.tally import Tally
 from eagle_datagen.store.logs import JsonlLog
 from eagle_datagen.store.shards import ShardStore
@@ -75,8 +76,11 @@ class Stats:
     requeued: int = 0
     #: records, output tokens and finish counts: the same counters ``eagle-datagen stats`` prints
     tally: Tally = field(default_factory=Tally)
+    #: the record checks' warnings by kind (stop_in_reasoning, tool_call_ends_reasoning): written, and counted
+    warnings: Counter[str] = field(default_factory=Counter)
 
     def add(self, result: GenerateResult, server: str | None = None, variant: str | None = None) -> None:
+        self.warnings.update(kind for kind, _ in result.warnings)
         self.tally.add(len(result.output_ids), str(result.finish_reason.get("type")), server=server, variant=variant)
 
     @property
@@ -270,7 +274,7 @@ class Pipeline:
         store: ShardStore,
         failures: JsonlLog,
         sampling_params: dict[str, Any],
-        stop_ids: Iterable[int] | None,
+        spec: RecordSpec | None,
         concurrency: int,
         max_retries: int,
         checkpoint_records: int,
@@ -288,7 +292,7 @@ class Pipeline:
         self.store = store
         self.failures = failures
         self.sampling_params = sampling_params
-        self.stop_ids = frozenset(stop_ids) if stop_ids is not None else None
+        self.spec = spec
         self.concurrency = concurrency
         self.max_retries = max_retries
         self.checkpoint_records = checkpoint_records
@@ -445,7 +449,7 @@ class Pipeline:
             try:
                 await generate(
                     self.transport, endpoint.url, item.prompt_ids, params, self._rid(),
-                    timeout_s=self.request_timeout_s, stop_ids=self.stop_ids,
+                    timeout_s=self.request_timeout_s, spec=self.spec,
                 )  # fmt: skip
                 return True
             except RequestFailed as exc:
@@ -507,7 +511,7 @@ class Pipeline:
                     self.sampling_params if item.plan is None else item.plan.sampling_params,
                     self._rid(),
                     timeout_s=self.request_timeout_s,
-                    stop_ids=self.stop_ids,
+                    spec=self.spec,
                 )
             )
             self.pool.track(endpoint, request, item.record_id)  # an outage cancels it: then the item is requeued

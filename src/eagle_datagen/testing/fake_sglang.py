@@ -110,6 +110,10 @@ class FakeConfig:
     cache_size: int = 4096  # LRU entries of computed outputs
     tokenizer_path: str | None = None  # /v1/tokenize renders with this tokenizer (404 without one)
     chat_template: str | None = None  # /v1/tokenize renders with this template instead (like --chat-template)
+    # Family mode: a ``Family.to_json()`` (eagle_datagen.record.family). Outputs are then shaped as that model
+    # family writes them (reasoning opened where the template leaves it to the model, one think-close, harmony
+    # channels for gpt-oss, the family's stop id) and the free text avoids its special ids.
+    family: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.vocab_size < MIN_TOKEN_ID + 2:
@@ -137,7 +141,7 @@ _RATE_FIELDS = (
     "abort_rate",
 )
 _OUTPUT_FIELDS = frozenset(
-    {"vocab_size", "eos_id", "output_len_min", "output_len_max", "fixed_output_len", "context_length"}
+    {"vocab_size", "eos_id", "output_len_min", "output_len_max", "fixed_output_len", "context_length", "family"}
 )
 
 
@@ -306,7 +310,69 @@ def _first_stop(ids: list[int], stop_ids: Sequence[int], start: int) -> int:
     return best
 
 
+def _family_ids(config: FakeConfig, prompt: Sequence[int], digest: bytes, s: _Sampling) -> tuple[list[int], int]:
+    """Family mode: the whole reply a model of ``config.family`` writes for this prompt, and its stop id."""
+    from eagle_datagen.record.family import Family, expectation
+
+    assert config.family is not None
+    family = Family.from_json(config.family)
+    avoid = family.special_ids() | {config.eos_id}
+    safe = next(i for i in range(MIN_TOKEN_ID, config.vocab_size) if i not in avoid)
+    seed = digest + s.key
+
+    def text(part: bytes, n: int) -> list[int]:
+        return [safe if i in avoid else i for i in _stream_ids(config, seed + part, max(1, n))]
+
+    natural = _natural_len(config, digest)
+    first, second = max(1, natural // 2), max(1, natural - natural // 2)
+    expect = expectation(family, prompt)
+    stops = sorted(family.stop_ids) or [config.eos_id]
+    eos = config.eos_id if config.eos_id in family.stop_ids or not family.stop_ids else stops[0]
+    h = family.harmony
+    if expect == "harmony" and h is not None:
+        ids = [h.channel, *h.channels["analysis"], h.message, *text(b"a", first), h.end, h.start, *h.role]
+        ids += [h.channel, *h.channels["final"], h.message, *text(b"f", second), h.return_]
+        return ids, h.return_
+    if expect in ("inside", "must_open") and family.think_close is not None and family.think_open is not None:
+        head: list[int] = []
+        if expect == "must_open":
+            head = [*max(family.output_prefixes, key=len), family.think_open]
+        return [*head, *text(b"r", first), family.think_close, *text(b"a", second), eos], eos
+    return [*text(b"a", natural), eos], eos
+
+
+def family_config(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``FakeConfig.family`` for a tokenizer: its family as :func:`detect_family` renders it (stop id: its EOS)."""
+    from eagle_datagen.record.family import detect_family
+
+    stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return detect_family(tokenizer, template_kwargs, stop_ids=stops).to_json()
+
+
+def _compute_family(config: FakeConfig, prompt: Sequence[int], s: _Sampling) -> tuple[list[int], dict[str, Any]]:
+    digest = hashlib.blake2b(orjson.dumps(list(prompt)), digest_size=16).digest()
+    cap = s.max_new_tokens
+    if cap is None:
+        cap = max(0, config.context_length - len(prompt) - 1)
+    if cap == 0:
+        return [], {"type": "length", "length": 0}
+    ids, eos = _family_ids(config, prompt, digest, s)
+    if s.ignore_eos or len(ids) < s.min_new_tokens:
+        ids = [*ids, *_stream_ids(config, digest + b"more", max(0, cap - len(ids)))]
+    ids = ids[:cap]
+    if not s.ignore_eos:
+        pos = _first_stop(ids, s.stop_ids, s.min_new_tokens) if s.stop_ids else -1
+        if pos >= 0:
+            return ids[: pos + 1], {"type": "stop", "matched": ids[pos]}
+        end = len(ids) - 1
+        if ids and ids[end] == eos and end >= s.min_new_tokens:
+            return ids, {"type": "stop", "matched": eos}
+    return ids, {"type": "length", "length": cap}
+
+
 def _compute(config: FakeConfig, prompt: Sequence[int], s: _Sampling) -> tuple[list[int], dict[str, Any]]:
+    if config.family is not None:
+        return _compute_family(config, prompt, s)
     prompt_bytes = orjson.dumps(list(prompt))
     digest = hashlib.blake2b(prompt_bytes, digest_size=16).digest()
     eos_pos = max(_natural_len(config, digest) - 1, s.min_new_tokens)

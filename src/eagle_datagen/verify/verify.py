@@ -1,24 +1,26 @@
 """``verify-shard``: prove, record by record, that finished shards are exact.
 
-The shards are streamed once. Per record it re-proves what the client checked before writing
-(:mod:`eagle_datagen.record.checks`) and what only the whole data set shows: ids unique across shards, ids
-inside the vocabulary, the thinking structure, the stored prompt against a fresh render of its source
-row, and each shard against the count and sha256 the manifest recorded at finalize. A run directory
+The shards are streamed once. Per record it runs the very check the client ran before writing
+(:func:`eagle_datagen.record.checks.check_record`: ids in the vocabulary, the finish, the model family's reasoning
+or harmony structure) and what only the whole data set shows: ids unique across shards, the stored prompt
+against a fresh render of its source row, and each shard against the count and sha256 the manifest recorded at
+finalize. A run directory
 brings its manifest (plan and tokenizer facts); bare shard files are checked against ``--tokenizer``
 when given, and the report lists what could not be checked.
 
 Every finding has a short, stable ``kind``:
 
-errors    parse, torn_line, schema, id_mismatch, duplicate_id, out_of_vocab, empty_output,
-          completion_tokens, prompt_tail_leak, stop_token, length, abort, nan_finish, finish_reason,
-          think_structure, prompt_mismatch, prompt_row_missing, render_error,
+errors    parse, torn_line, schema, id_mismatch, duplicate_id, the record check's kinds (out_of_vocab,
+          empty_output, completion_tokens, prompt_tail_leak, stop_token, length, abort, nan_finish,
+          finish_reason, think_twice, think_reopened, think_closed_twice, think_unopened, think_when_off,
+          think_prompt, channel_structure), prompt_mismatch, prompt_row_missing, render_error,
           shard_count, shard_checksum, shard_missing
-warnings  think_unclosed, think_shape_split, torn_line (live partial shard), shard_unrecorded,
+warnings  stop_in_reasoning, tool_call_ends_reasoning, torn_line (live partial shard), shard_unrecorded,
           prompts_changed, tokenizer_changed
 
-Speed (docs/verify.md): orjson per line, the vocabulary bound with ``max()``, and the id-type and
-think-token scans on the line's own compact bytes (``bytes.find``, i.e. ``memchr``), so no Python
-loop ever runs over the ids of a well-formed record.
+Speed (docs/verify.md): orjson per line, the id types proven on the line's own compact bytes
+(``bytes.translate``), and C-level list operations in the record check, so no Python loop ever runs over the
+ids of a well-formed record.
 """
 
 from __future__ import annotations
@@ -49,42 +51,28 @@ from eagle_datagen.inputs.render import (
     tokenizer_fingerprint,
 )
 from eagle_datagen.inputs.sources import Columns, open_source
-from eagle_datagen.record.checks import (
-    PROMPT_TAIL_LEAK,
-    Problem,
-    completion_tokens_problem,
-    finish_problem,
-    prompt_tail_leak_problem,
-)
+from eagle_datagen.record.checks import Problem, RecordSpec, check_record
+from eagle_datagen.record.family import Family, detect_family
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
 from eagle_datagen.store.shards import SHARD_RE, ShardInfo, record_id
 
 SHARDS_DIR = "shards"
 RENDER_BATCH = 256
 RENDER_CACHE = 4096
-#: A prompt "ends with" think-open when it is among its last 2 ids (Qwen3-Thinking and R1 add a newline),
-#: and thinking is off when think-close is among its last 4 (Qwen3 writes ``<think>\n\n</think>\n\n``).
-OPEN_TAIL = 2
-CLOSED_TAIL = 4
 HUMAN_WARNING_EXAMPLES = 3
-#: Scan for the think ids' common digit prefix when it has at least this many digits.
-SCAN_PREFIX = 3
 
 Severity = Literal["error", "warning"]
 ShardState = Literal["finalized", "partial", "in_progress"]
-PromptShape = Literal["open", "closed", "plain"]
 
 #: ``(kind, path, line, id, message)`` of an error found outside the record loop.
 ErrorSink = Callable[[str, str, int, str, str], None]
 
 _PROMPT_KEY = b'"prompt_ids":['
 _BETWEEN_LISTS = b'],"output_ids":['
-#: What may stand before an id in a JSON list (``[`` lies outside the scanned text).
-_ID_BEFORE = frozenset(b", \t\r")
+#: What a JSON list of non-negative integers holds between its brackets.
+_ID_LIST_BYTES = b"0123456789, \t\r\n"
 READ_BUFFER = 1 << 20
 _NEWLINE = ord("\n")
-#: ``(think-open id, think-close id, digit strings to scan the output's bytes for)``
-ThinkTokens = tuple[int, int, tuple[bytes, ...]]
 _FIELDS: tuple[tuple[str, type], ...] = (
     ("id", str),
     ("key", str),
@@ -376,38 +364,13 @@ class RunContext:
     stop_ids: frozenset[int] | None = None
     max_new_tokens: int | None = None
     samples_per_prompt: int | None = None
-    stop_strings: bool | None = None
-    thinking_off: bool = False
-    think_open: int | None = None
-    think_close: int | None = None
+    stop_strings: bool = False
+    family: Family | None = None
     rerender: Rerenderer | None = None
-    shapes: Counter[str] = field(default_factory=Counter)
-    shape_examples: dict[str, list[Finding]] = field(default_factory=dict)
-    variants: dict[str, RunContext] = field(default_factory=dict)
 
-    def for_variant(self, variant: Any, kwargs: Any) -> RunContext:
-        """A mix's variant is its own population for the prompt-shape checks (thinking on/off differ by design),
-        with its own template kwargs deciding ``thinking_off``."""
-        if type(variant) is not str:
-            return self
-        child = self.variants.get(variant)
-        if child is None:
-            kw = kwargs if type(kwargs) is dict else {}
-            child = self.variants[variant] = dataclasses.replace(
-                self, label=f"{self.label} variant {variant}", shapes=Counter(), shape_examples={}, variants={},
-                rerender=None, thinking_off=kw.get("thinking") is False or kw.get("enable_thinking") is False,
-            )  # fmt: skip
-        return child
-
-    def think_tokens(self) -> ThinkTokens | None:
-        """The think ids and the digit strings to scan output bytes for: their common prefix when it is long
-        enough to be rare (Kimi's 163606/163607 share ``16360``: one pass finds both), else each id."""
-        if self.think_open is None or self.think_close is None:
-            return None
-        texts = (b"%d" % self.think_open, b"%d" % self.think_close)
-        same = next((i for i, (a, b) in enumerate(zip(*texts, strict=False)) if a != b), min(map(len, texts)))
-        prefix = texts[0][:same]
-        return self.think_open, self.think_close, (prefix,) if len(prefix) >= SCAN_PREFIX else texts
+    def spec(self) -> RecordSpec:
+        """What each record is checked against: the same :class:`RecordSpec` the client used."""
+        return RecordSpec(self.vocab_size, self.stop_ids, self.stop_strings, self.family)
 
 
 @dataclass(frozen=True)
@@ -534,12 +497,14 @@ class Setup:
             max_new_tokens=_int_or_none(sampling.get("max_new_tokens")),
             samples_per_prompt=_int_or_none(plan.get("samples_per_prompt")),
             stop_strings=bool(sampling.get("stop") or sampling.get("stop_regex")),
-            thinking_off=kwargs.get("thinking") is False or kwargs.get("enable_thinking") is False,
-            think_open=_int_or_none(facts.get("think_open_id")),
-            think_close=_int_or_none(facts.get("think_close_id")),
+            family=_manifest_family(facts.get("family")),
         )
         if (context.vocab_size is None or context.stop_ids is None) and self.options.tokenizer is not None:
             self._fill_from_tokenizer(context, self.options.tokenizer)
+        if context.family is None:
+            tokenizer = self.options.tokenizer or _plan_path(plan, "tokenizer")
+            if tokenizer is not None and tokenizer.exists():
+                context.family = self._detect(tokenizer, kwargs, context.stop_ids)
         self._setup_rerender(context, run_dir)
         self._note_gaps(context)
         return context
@@ -563,7 +528,18 @@ class Setup:
         context.vocab_size = context.vocab_size or model_vocab_size(path) or facts.vocab_size
         context.stop_ids = context.stop_ids or frozenset(facts.eos_token_ids) or None
         if context.manifest is None:
-            context.think_open, context.think_close = facts.think_open_id, facts.think_close_id
+            context.family = self._detect(path, {}, context.stop_ids)
+            self.report.skip(
+                f"{context.label}: the family structure under the run's chat_template_kwargs (checked as the "
+                "template renders without kwargs)"
+            )
+
+    def _detect(self, path: Path, kwargs: dict[str, Any], stop_ids: frozenset[int] | None) -> Family | None:
+        try:
+            return detect_family(self._tokenizer(path), kwargs, stop_ids=sorted(stop_ids or ()))
+        except Exception as exc:  # a template that cannot render the reference conversation
+            self.report.skip(f"{path}: the family structure (the chat template did not render: {exc})")
+            return None
 
     def _note_gaps(self, context: RunContext) -> None:
         label = context.label
@@ -573,9 +549,8 @@ class Setup:
             self.report.skip(
                 f"{label}: that a 'stop' finish ends on a stop id (only agreement with 'matched'); pass --tokenizer"
             )
-        if context.think_open is None or context.think_close is None:
-            why = "pass --tokenizer" if context.vocab_size is None else "the tokenizer has no <think>/</think> tokens"
-            self.report.skip(f"{label}: the thinking structure ({why})")
+        if context.family is None:
+            self.report.skip(f"{label}: the family structure (reasoning, harmony channels); pass --tokenizer")
 
     def _tokenizer(self, path: Path) -> Any:
         key = path.resolve()
@@ -661,6 +636,15 @@ def _int_or_none(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
+def _manifest_family(value: Any) -> Family | None:
+    if not isinstance(value, dict):
+        return None
+    try:
+        return Family.from_json(value)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 # --- per-record checks ------------------------------------------------------------------------------
 
 
@@ -673,12 +657,12 @@ class Checker:
         self.files: list[str] = []
         self.path = ""
         self.context = RunContext(label="")
-        self.think_tokens: ThinkTokens | None = None
+        self.spec = RecordSpec()
 
     def check(self, target: ShardTarget) -> None:
         self.path = str(target.path)
         self.context = target.context
-        self.think_tokens = target.context.think_tokens()
+        self.spec = target.context.spec()
         self.files.append(self.path)
         state: ShardState = "in_progress" if target.partial and not target.explicit else "finalized"
         result = ShardResult(self.path, "partial" if target.partial and target.explicit else state)
@@ -764,19 +748,18 @@ class Checker:
         if not prompt:
             self.error("schema", line, rid, "prompt_ids is empty")
             return
-        vocab = self.context.vocab_size
-        fast = _fast_ids(raw, prompt, output)
-        span = fast[1] if fast is not None else None
-        if fast is None or (vocab is not None and fast[0] >= vocab):
-            problem = _exact_ids_problem(prompt, output, vocab)
+        if not _compact_int_lists(raw, prompt, output):
+            problem = _exact_types_problem(prompt, output)
             if problem is not None:
                 self.error(problem[0], line, rid, problem[1])
                 return
-        self._response(prompt, output, finish, completion, rid, line)
-        if self.think_tokens is not None:
-            self._thinking(
-                prompt, output, finish, raw, span, rid, line, record.get("variant"), record.get("chat_template_kwargs")
-            )
+        verdict = check_record(
+            self.spec, prompt, output, finish, completion, max_new_tokens=self.context.max_new_tokens
+        )
+        for kind, message in verdict.errors:
+            self.error(kind, line, rid, message)
+        for kind, message in verdict.warnings:
+            self.warn(kind, line, rid, message)
         if self.context.rerender is not None:
             kwargs = record.get("chat_template_kwargs")  # a mix: the record's own variant
             self.context.rerender.add(self.path, line, rid, key, prompt, kwargs if type(kwargs) is dict else None)
@@ -793,196 +776,48 @@ class Checker:
             if problem is not None:
                 self.error("id_mismatch", line, rid, problem)
 
-    def _response(
-        self, prompt: list[int], output: list[int], finish: dict[str, Any], completion: int, rid: str, line: int
-    ) -> None:
-        context = self.context
-        problem = completion_tokens_problem(output, completion)
-        if problem is not None:
-            self.error(problem[0], line, rid, problem[1])
-        if output[0] == prompt[-min(PROMPT_TAIL_LEAK, len(prompt))]:  # else no leak: skip building the slices
-            problem = prompt_tail_leak_problem(prompt, output)
-            if problem is not None:
-                self.error(problem[0], line, rid, problem[1])
-        problem = finish_problem(
-            output, finish, max_new_tokens=context.max_new_tokens, stop_ids=context.stop_ids
-        ) or _stop_id_problem(output, finish, context.stop_ids, context.stop_strings)
-        if problem is not None:
-            self.error(problem[0], line, rid, problem[1])
-
-    def _thinking(
-        self,
-        prompt: list[int],
-        output: list[int],
-        finish: dict[str, Any],
-        raw: bytes,
-        span: tuple[int, int] | None,
-        rid: str,
-        line: int,
-        variant: Any = None,
-        kwargs: Any = None,
-    ) -> None:
-        context = self.context.for_variant(variant, kwargs)
-        assert self.think_tokens is not None and context.think_open is not None and context.think_close is not None
-        shape = prompt_shape(prompt, context.think_open, context.think_close)
-        seen = context.shapes[shape] = context.shapes[shape] + 1
-        if seen <= self.report.max_examples:  # kept in case this shape turns out to be the odd one
-            context.shape_examples.setdefault(shape, []).append(Finding("think_structure", self.path, line, rid, ""))
-        if shape == "plain":
-            return
-        has_open, closes = _think_counts(raw, span, output, self.think_tokens)
-        problems = []
-        if shape == "closed" and (has_open or closes):
-            problems.append("the prompt turned thinking off, yet the output holds a think token")
-        if shape == "open":
-            if context.thinking_off:
-                problems.append("the prompt opens reasoning although the run's chat_template_kwargs turn thinking off")
-            if has_open:
-                at = output.index(context.think_open)
-                problems.append(f"the prompt already opened reasoning, yet output_ids[{at}] is think-open")
-            if closes > 1:
-                problems.append(f"the output closes reasoning {output.count(context.think_close)} times (at most once)")
-        if problems:
-            self.error("think_structure", line, rid, "; ".join(problems))
-        elif shape == "open" and closes == 0 and finish.get("type") == "stop":
-            self.warn(
-                "think_unclosed",
-                line,
-                rid,
-                "finished with 'stop' but never closed reasoning (a tool call can end it without think-close)",
-            )
-
     def settle(self, contexts: Sequence[RunContext]) -> None:
-        """Run-wide conclusions: records whose prompt shape differs from the run's usual one."""
-        for context in [*contexts, *(v for c in contexts for v in c.variants.values())]:
+        """Run-wide work left at the end: the last re-render batches."""
+        for context in contexts:
             if context.rerender is not None:
                 context.rerender.flush()
-            if len(context.shapes) < 2:
-                continue
-            (usual, most), *others = context.shapes.most_common()
-            spread = ", ".join(f"{n:,} {_SHAPE_WORDS[s]}" for s, n in context.shapes.most_common())
-            if others[0][1] == most:
-                self.report.add(
-                    "warning",
-                    Finding(
-                        "think_shape_split",
-                        context.label,
-                        None,
-                        None,
-                        f"records disagree on the prompt's end: {spread}",
-                    ),
-                )
-                continue
-            for shape, count in others:
-                message = f"the prompt {_SHAPE_WORDS[shape]} but most records' {_SHAPE_WORDS[usual]} ({spread})"
-                for i, example in enumerate(context.shape_examples.get(shape, [])):
-                    finding = Finding("think_structure", example.path, example.line, example.id, message)
-                    self.report.add("error", finding, count=count if i == 0 else 0)
 
 
-_SHAPE_WORDS: dict[str, str] = {
-    "open": "ends with think-open",
-    "closed": "ends with think-close (thinking off)",
-    "plain": "ends with no think token",
-}
+def _compact_int_lists(raw: bytes, prompt: list[Any], output: list[Any]) -> bool:
+    """True when both lists are non-negative ints, proven on the writer's compact layout in ``raw``.
 
-
-def prompt_shape(prompt: Sequence[int], think_open: int, think_close: int) -> PromptShape:
-    """``open`` when the prompt opened reasoning, ``closed`` when it turned thinking off, else ``plain``."""
-    if prompt[-1] == think_open:
-        return "open"
-    tail = list(prompt[-CLOSED_TAIL:])
-    last_close = len(tail) - 1 - tail[::-1].index(think_close) if think_close in tail else -1
-    last_open = len(tail) - 1 - tail[::-1].index(think_open) if think_open in tail else -1
-    if last_close > last_open:
-        return "closed"
-    if last_open >= len(tail) - OPEN_TAIL:
-        return "open"
-    return "plain"
-
-
-def _fast_ids(raw: bytes, prompt: list[Any], output: list[Any]) -> tuple[int, tuple[int, int]] | None:
-    """``(largest id, where the output ids' text lies in raw)`` when both lists are non-negative ints written
-    in the writer's compact layout; ``None`` sends the record to the exact, per-id checks.
-
-    ``max()`` raises or returns a non-int for strings, nulls, lists and objects; what it cannot see shows as
-    a character that a JSON list of non-negative integers never holds, found with ``memchr``: ``-`` (negative),
-    ``.``/``e``/``E`` (float), ``e`` (true, false). Whitespace may stay: the byte scans step over it."""
-    try:
-        top = max(max(prompt), max(output))
-    except TypeError:
-        return None
-    if type(top) is not int:
-        return None
+    The text between each list's brackets holds nothing but digits, commas and whitespace (``bytes.translate``
+    deletes those in C; anything left is a sign, a float, a literal, a string or a nested value), its commas
+    number one less than the parsed list's length, and it ends with the parsed list's last id (a guard against a
+    look-alike key elsewhere in the line). ``False`` sends the record to :func:`_exact_types_problem`."""
     start = raw.find(_PROMPT_KEY)
-    if start < 0:
-        return None
+    if start < 0 or not prompt or not output:
+        return False
     start += len(_PROMPT_KEY)
     prompt_end = raw.find(b"]", start)
+    if prompt_end < 0 or not raw.startswith(_BETWEEN_LISTS, prompt_end):
+        return False
     out_start = prompt_end + len(_BETWEEN_LISTS)
     end = raw.find(b"]", out_start)
-    if prompt_end < 0 or end < 0 or not raw.startswith(_BETWEEN_LISTS, prompt_end):
-        return None
-    find = raw.find
-    if find(b"-", start, end) >= 0 or find(b".", start, end) >= 0 or find(b"e", start, end) >= 0:
-        return None
-    if find(b"E", start, end) >= 0:
-        return None
-    # the text ends with the ids the parser saw (a guard against a look-alike key elsewhere in the line)
-    if not raw.endswith(b"%d" % output[-1], out_start, end) or not raw.endswith(b"%d" % prompt[-1], start, prompt_end):
-        return None
-    return top, (out_start, end)
+    if end < 0:
+        return False
+    for lo, hi, ids in ((start, prompt_end, prompt), (out_start, end, output)):
+        text = raw[lo:hi]
+        if text.translate(None, _ID_LIST_BYTES) or text.count(b",") != len(ids) - 1:
+            return False
+        last = ids[-1]
+        if type(last) is not int or not text.rstrip().endswith(b"%d" % last):
+            return False
+    return True
 
 
-def _exact_ids_problem(prompt: list[Any], output: list[Any], vocab: int | None) -> Problem | None:
-    """Ids are ints in ``[0, vocab)``, checked one by one (records off the fast path, and to name the culprit)."""
+def _exact_types_problem(prompt: list[Any], output: list[Any]) -> Problem | None:
+    """Every id an int (records off the fast path, and to name the culprit); the range is the record check's."""
     for name, ids in (("prompt_ids", prompt), ("output_ids", output)):
         bad = next((i for i, x in enumerate(ids) if type(x) is not int), None)
         if bad is not None:
             return ("schema", f"{name}[{bad}] is {ids[bad]!r}, not an integer id")
-        at = next((i for i, x in enumerate(ids) if x < 0 or (vocab is not None and x >= vocab)), None)
-        if at is not None:
-            bound = f"the vocabulary [0, {vocab})" if vocab is not None else "[0, ...)"
-            return ("out_of_vocab", f"{name}[{at}] is {ids[at]}, outside {bound}")
     return None
-
-
-def _think_counts(raw: bytes, span: tuple[int, int] | None, output: list[int], tokens: ThinkTokens) -> tuple[bool, int]:
-    """Whether the output holds think-open, and how often think-close (0, 1, or 2 for "more than once").
-
-    On the fast path it reads the output's own bytes: one ``find`` pass per needle at C speed, and only the
-    rare hits (ids starting with the needle's digits) are looked at in Python."""
-    think_open, think_close, needles = tokens
-    if span is None:
-        return think_open in output, min(2, output.count(think_close))
-    start, end = span
-    find = raw.find
-    has_open, closes = False, 0
-    for needle in needles:
-        at = find(needle, start, end)
-        while at >= 0:
-            stop = find(b",", at, end)
-            stop = end if stop < 0 else stop
-            if at == start or raw[at - 1] in _ID_BEFORE:  # a whole id, not the tail of a longer one
-                token = int(raw[at:stop])
-                has_open = has_open or token == think_open
-                closes += token == think_close
-            at = find(needle, stop, end)
-    return has_open, min(2, closes)
-
-
-def _stop_id_problem(
-    output: list[int], finish: dict[str, Any], stop_ids: frozenset[int] | None, stop_strings: bool | None
-) -> Problem | None:
-    """A 'stop' finish that did not match a token id must still end on a stop id, unless stop strings were set."""
-    if finish.get("type") != "stop" or stop_ids is None or output[-1] in stop_ids:
-        return None
-    matched = finish.get("matched")
-    if isinstance(matched, int) and not isinstance(matched, bool):
-        return None  # finish_problem has judged it
-    if isinstance(matched, str) and stop_strings is not False:
-        return None
-    return ("stop_token", f"finish 'stop' (matched {matched!r}) but the last output id {output[-1]} is not a stop id")
 
 
 def _id_key_problem(rid: str, key: str, sample: int, samples_per_prompt: int) -> str | None:
