@@ -31,7 +31,7 @@ from eagle_datagen.errors import BadInputError
 from eagle_datagen.inputs.prompts import SKIP_FIX, PromptRow
 from eagle_datagen.inputs.render import Renderer, RenderPool, load_tokenizer
 from eagle_datagen.store import logs
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "standin"
@@ -47,7 +47,8 @@ def run_args(prompts: Path, out: Path, tokenizer: Path, url: str, *extra: str) -
 
 
 def config(hf_tokenizer: Any, **changes: Any) -> FakeConfig:
-    values = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 32}
+    values = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 32,
+              "family": family_config(hf_tokenizer)}  # fmt: skip
     return FakeConfig(**{**values, **changes})
 
 
@@ -269,8 +270,10 @@ def test_resume_with_model_launches_instead_of_the_saved_server_url(
         first = invoke(*run_args(prompts, out, tiny_tokenizer, server.url, "--no-preflight"))
     assert first.exit_code == 3, first.output  # every record failed a check: resume sends them again
     model = Path(shutil.copytree(tiny_tokenizer, tmp_path / "model"))
-    fake = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 16}
-    monkeypatch.setenv("PYTHONPATH", str(STANDIN))
+    fake = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 16,
+            "family": family_config(hf_tokenizer)}  # fmt: skip
+    # the stand-in imports this checkout's package, not whatever the venv has installed
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), str(STANDIN.parents[1] / "src")]))
     monkeypatch.setenv("FAKE_SGLANG_CONFIG_JSON", orjson.dumps(fake).decode())
     result = invoke("resume", "--out", str(out), "--model", str(model), "--server-python", sys.executable,
                     "--tp-size", "1", "--startup-timeout-s", "60", "--no-progress")  # fmt: skip
