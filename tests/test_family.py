@@ -306,3 +306,14 @@ def test_a_tool_call_that_ends_reasoning_is_a_counted_warning() -> None:
     spec = RecordSpec(151669, family.stop_ids, False, family)
     verdict = check_record(spec, prompt, output, {"type": "stop", "matched": 151645}, 5, max_new_tokens=64)
     assert verdict.ok and [k for k, _ in verdict.warnings] == ["tool_call_ends_reasoning"]
+
+
+def test_a_mix_of_thinking_on_and_off_judges_each_record_by_its_own_prompt() -> None:
+    """A run whose kwargs turn thinking off, with a variant that leaves reasoning to the model (Qwen3 hybrid)."""
+    off = family_of("qwen3-hybrid", {"enable_thinking": False})
+    family = off.with_variants([family_of("qwen3-hybrid")])
+    on_prompt = [1, *family_of("qwen3-hybrid").generation_prompt]
+    off_prompt = [1, *off.generation_prompt]
+    assert (expectation(off, on_prompt), expectation(family, on_prompt)) == ("free", "must_open")
+    assert expectation(family, off_prompt) == "off"
+    assert Family.from_json(orjson.loads(orjson.dumps(family.to_json()))) == family

@@ -13,7 +13,7 @@ from eagle_datagen.cli import main
 from eagle_datagen.errors import UsageError
 from eagle_datagen.options import build_run_config, savable
 from eagle_datagen.redaction import check_api_key, is_secret_flag, redact
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
 
 def invoke(*args: str) -> Any:
@@ -60,7 +60,12 @@ def test_a_key_a_header_cannot_carry_is_refused_without_printing_it(
 ) -> None:
     monkeypatch.setenv("EAGLE_DATAGEN_API_KEY", key)
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(3))
-    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, api_key="S3CRET-KEY")
+    config = FakeConfig(
+        vocab_size=len(hf_tokenizer),
+        eos_id=hf_tokenizer.eos_token_id,
+        api_key="S3CRET-KEY",
+        family=family_config(hf_tokenizer),
+    )
     with FakeSGLangServer(config) as server:
         result = invoke(
             "run", "--prompts", str(prompts), "--out", str(tmp_path / "out"), "--tokenizer", str(tiny_tokenizer),

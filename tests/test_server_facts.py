@@ -20,7 +20,7 @@ from conftest import read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.errors import ServerError
 from eagle_datagen.server.facts import FactsCheck, ServerFacts
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, expected_output
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, expected_output, family_config
 
 SAMPLING = {"max_new_tokens": 32, "temperature": 0.0}
 
@@ -36,7 +36,7 @@ def run_args(prompts: Path, out: Path, tokenizer: Path, *urls: str) -> list[str]
 
 def config_for(hf_tokenizer: Any, **changes: Any) -> FakeConfig:
     base = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 16,
-            "model_path": "/models/tok"}  # fmt: skip
+            "model_path": "/models/tok", "family": family_config(hf_tokenizer)}  # fmt: skip
     return FakeConfig(**{**base, **changes})
 
 

@@ -23,7 +23,7 @@ from conftest import read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.errors import UsageError
 from eagle_datagen.generate.connect import refuse_proxies, ssl_context
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
 TLS = Path(__file__).resolve().parent / "data" / "tls"
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
@@ -103,7 +103,12 @@ def run_args(prompts: Path, out: Path, tokenizer: Path, url: str, *extra: str) -
 
 @pytest.fixture
 def https_server(hf_tokenizer: Any) -> Iterator[str]:
-    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, max_running_requests=8)
+    config = FakeConfig(
+        vocab_size=len(hf_tokenizer),
+        eos_id=hf_tokenizer.eos_token_id,
+        max_running_requests=8,
+        family=family_config(hf_tokenizer),
+    )
     with FakeSGLangServer(config) as server, tls_front(server.url) as url:
         yield url
 

@@ -539,6 +539,9 @@ def _family(tokenizer: Any, config: RunConfig, facts: TokenizerFacts, options: d
     """The model family, detected by rendering; a preset's [tokens] facts are checked against it (a mismatch
     stops the run naming both values) and its stop ids join the stop set."""
     family = detect_family(tokenizer, config.chat_template_kwargs, stop_ids=facts.eos_token_ids)
+    if config.mix is not None:  # each variant's kwargs may leave reasoning to the model where the run's do not
+        variants = [{**config.chat_template_kwargs, **v.chat_template_kwargs} for v in config.mix.variants]
+        family = family.with_variants([detect_family(tokenizer, kw) for kw in variants])
     tokens = options.get("preset_tokens")
     if tokens:
         try:

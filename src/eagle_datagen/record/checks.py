@@ -289,8 +289,6 @@ def family_problems(
 
 
 def _bad_prompt_message(family: Family, prompt_ids: Sequence[int]) -> str:
-    if family.reasoning == "off":
-        return "the prompt opens reasoning although the run's chat_template_kwargs turn thinking off"
     return (
         f"the prompt ends with the generation prompt's head but not its think-open {family.think_open} "
         f"(it ends {list(prompt_ids[-4:])})"

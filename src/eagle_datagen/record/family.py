@@ -23,7 +23,7 @@ This module imports nothing from the other stages; the tokenizer is used through
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 #: How the generation prompt leaves reasoning; see the module docstring.
@@ -143,8 +143,13 @@ class Family:
     stop_ids: frozenset[int] = frozenset()
     harmony: Harmony | None = None
     source: str = "detected"
-    #: facts a preset left unconfirmed, carried into the manifest for the reader.
-    notes: tuple[str, ...] = field(default=())
+    #: generation prompts after which the output must open reasoning: this family's own when ``reasoning`` is
+    #: ``model``, and those of a mix's variants whose kwargs leave reasoning to the model (:meth:`with_variants`).
+    model_prompts: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.reasoning == "model" and self.generation_prompt and self.generation_prompt not in self.model_prompts:
+            object.__setattr__(self, "model_prompts", (*self.model_prompts, self.generation_prompt))
 
     @property
     def has_think(self) -> bool:
@@ -162,6 +167,7 @@ class Family:
             "stop_ids": sorted(self.stop_ids),
             "harmony": self.harmony.to_json() if self.harmony is not None else None,
             "source": self.source,
+            "model_prompts": [list(p) for p in self.model_prompts],
         }
 
     @classmethod
@@ -181,7 +187,18 @@ class Family:
             stop_ids=frozenset(int(i) for i in data.get("stop_ids") or ()),
             harmony=Harmony.from_json(harmony) if isinstance(harmony, Mapping) else None,
             source=str(data.get("source", "manifest")),
+            model_prompts=tuple(tuple(int(i) for i in p) for p in data.get("model_prompts") or ()),
         )
+
+    def with_variants(self, others: Sequence[Family]) -> Family:
+        """This family, also asking an output to open reasoning after any generation prompt of ``others`` (the
+        families a mix's variants render: one may turn thinking off, another leave it to the model)."""
+        prompts = list(self.model_prompts)
+        prefixes = list(self.output_prefixes)
+        for other in others:
+            prompts += [p for p in other.model_prompts if p not in prompts]
+            prefixes += [p for p in other.output_prefixes if p not in prefixes]
+        return replace(self, model_prompts=tuple(prompts), output_prefixes=tuple(prefixes))
 
     def special_ids(self) -> frozenset[int]:
         """Every id with a structural meaning (a fake model's free text avoids them)."""
@@ -212,10 +229,10 @@ def expectation(family: Family, prompt: Sequence[int]) -> Expectation:
     assert family.think_open is not None and family.think_close is not None
     shape = prompt_shape(prompt, family.think_open, family.think_close)
     if shape == "open":
-        return "bad_prompt" if family.reasoning == "off" else "inside"
+        return "inside"
     if shape == "closed":
         return "off"
-    if family.reasoning == "model" and gen and _ends_with(prompt, gen):
+    if any(_ends_with(prompt, p) for p in family.model_prompts):
         return "must_open"
     if family.reasoning == "prompt" and family.think_open in gen:
         head = gen[: gen.index(family.think_open)]
@@ -454,6 +471,7 @@ def apply_preset_tokens(family: Family, tokens: Mapping[str, Any], tokenizer: An
         stop_ids=frozenset(stops),
         harmony=family.harmony,
         source=f"preset {preset} (checked against the tokenizer)",
+        model_prompts=family.model_prompts,
     )
 
 
