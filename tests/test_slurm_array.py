@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import read_records, varied_rows, write_jsonl
+from eagle_datagen.testing.fake_sglang import family_config
 from eagle_datagen.verify.merge import merge_runs
 from test_launcher import STANDIN
 
@@ -32,9 +33,12 @@ def test_two_array_tasks_cover_the_prompts_and_leave_the_node_clean(
 ) -> None:
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(40))
     server_python = tmp_path / "standin-python"
-    fake = json.dumps({"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id})
+    fake = json.dumps(
+        {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "family": family_config(hf_tokenizer)}
+    )
+    src = STANDIN.parents[1] / "src"  # the stand-in imports this checkout's package
     server_python.write_text(
-        f"#!/bin/sh\nexport PYTHONPATH={STANDIN} FAKE_SGLANG_CONFIG_JSON='{fake}'\nexec {sys.executable} \"$@\"\n"
+        f"#!/bin/sh\nexport PYTHONPATH={STANDIN}:{src} FAKE_SGLANG_CONFIG_JSON='{fake}'\nexec {sys.executable} \"$@\"\n"
     )
     server_python.chmod(0o755)
     env = {

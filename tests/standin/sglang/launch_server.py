@@ -80,10 +80,23 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> FakeConfig:
     values.update({k: v for k, v in optional.items() if v is not None})
     if env.get("FAKE_SGLANG_STARTUP_DELAY_S"):
         values["startup_delay_s"] = float(env["FAKE_SGLANG_STARTUP_DELAY_S"])
+    if "family" not in values:  # outputs shaped as the model's family writes them (docs: fake_sglang family mode)
+        values["family"] = _family(args.model_path)
     crash_after = env.get("FAKE_SGLANG_CRASH_AFTER")
     if crash_after and _crash_armed(env.get("FAKE_SGLANG_STATE_DIR")):
         values["crash_after"] = int(crash_after)
     return FakeConfig(**values)
+
+
+def _family(model_path: str) -> dict[str, Any] | None:
+    """The family of the tokenizer at ``model_path``, or ``None`` (random ids) when it does not load."""
+    try:
+        from eagle_datagen.inputs.render import load_tokenizer
+        from eagle_datagen.testing.fake_sglang import family_config
+
+        return family_config(load_tokenizer(model_path))
+    except Exception:
+        return None
 
 
 def _spawn_child() -> None:
