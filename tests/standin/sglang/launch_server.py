@@ -80,8 +80,9 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> FakeConfig:
     values.update({k: v for k, v in optional.items() if v is not None})
     if env.get("FAKE_SGLANG_STARTUP_DELAY_S"):
         values["startup_delay_s"] = float(env["FAKE_SGLANG_STARTUP_DELAY_S"])
-    if "family" not in values:  # outputs shaped as the model's family writes them (docs: fake_sglang family mode)
-        values["family"] = _family(args.model_path)
+    family = None if "family" in values else _family(args.model_path)
+    if family is not None:  # outputs shaped as the model's family writes them (fake_sglang's family mode)
+        values["family"] = family
     crash_after = env.get("FAKE_SGLANG_CRASH_AFTER")
     if crash_after and _crash_armed(env.get("FAKE_SGLANG_STATE_DIR")):
         values["crash_after"] = int(crash_after)
