@@ -18,7 +18,7 @@ from eagle_datagen.inputs.prompts import parse_row
 from eagle_datagen.inputs.render import Renderer, load_tokenizer
 from eagle_datagen.server.parity import describe_difference, row_shapes, sample_rows
 from eagle_datagen.server.tokenize import ServerRenderer
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "real-tokenizers"
 
@@ -34,7 +34,8 @@ def run_args(prompts: Path, out: Path, tokenizer: Path, url: str, *extra: str) -
 
 def fake(tokenizer: Path, **changes: Any) -> FakeSGLangServer:
     tok = load_tokenizer(tokenizer, trust_remote_code=True)
-    config = FakeConfig(vocab_size=len(tok), eos_id=tok.eos_token_id, tokenizer_path=str(tokenizer), **changes)
+    config = FakeConfig(vocab_size=len(tok), eos_id=tok.eos_token_id, tokenizer_path=str(tokenizer),
+                        **{"family": family_config(tok), **changes})  # fmt: skip
     return FakeSGLangServer(config)
 
 

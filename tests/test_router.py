@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from conftest import read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.server.launcher import group_alive
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, expected_output
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, expected_output, family_config
 from real_sglang import SGLANG_PYTHON, free_port, log_tail, start_sglang_server, venv_env
 
 pytestmark = pytest.mark.sglang
@@ -75,7 +75,12 @@ def router_over(worker_urls: list[str], log_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def two_fakes(hf_tokenizer: Any) -> Iterator[list[Any]]:
-    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, max_running_requests=8)
+    config = FakeConfig(
+        vocab_size=len(hf_tokenizer),
+        eos_id=hf_tokenizer.eos_token_id,
+        max_running_requests=8,
+        family=family_config(hf_tokenizer),
+    )
     servers = [FakeSGLangServer(config).start(), FakeSGLangServer(config).start()]
     try:
         yield servers

@@ -6,6 +6,7 @@ The fault tests run against the fake SGLang; the crash-loop one also against the
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -21,7 +22,7 @@ from conftest import read_records, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.errors import RequestFailed
 from eagle_datagen.generate.pool import CrashLedger, Endpoint, ServerPool, counts_toward_down
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
 #: The fake's crash simulation drops connections mid-response; under load one of its own accepted sockets can
 #: still be waiting for its close callback when the test ends and is collected unclosed. That is the test
@@ -47,7 +48,8 @@ def run_args(prompts: Path, out: Path, tokenizer: Path, url: str, *extra: str) -
 
 
 def config_for(hf_tokenizer: Any, **changes: Any) -> FakeConfig:
-    base = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 8}
+    base = {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 8,
+            "family": family_config(hf_tokenizer)}  # fmt: skip
     return FakeConfig(**{**base, **changes})
 
 
@@ -207,8 +209,9 @@ def test_a_poison_prompt_crash_looping_a_launched_server_is_set_aside(
 ) -> None:
     """D7 with the managed server: it was relaunched until --max-restarts ran out ("restart(s) in a row failed",
     though every restart had worked), and the poison prompt was in neither failures.jsonl nor rejects.jsonl."""
-    fake = {"vocab_size": len(hf_tokenizer) - 1, "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 4}
-    monkeypatch.setenv("PYTHONPATH", str(STANDIN))
+    fake = {"vocab_size": len(hf_tokenizer) - 1, "eos_id": hf_tokenizer.eos_token_id, "max_running_requests": 4,
+            "family": family_config(hf_tokenizer)}  # fmt: skip
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), str(STANDIN.parents[1] / "src")]))
     monkeypatch.setenv("FAKE_SGLANG_CONFIG_JSON", orjson.dumps({**fake, "latency_s": 0.02}).decode())
     monkeypatch.setattr("eagle_datagen.server.launcher.backoff_s", lambda *a, **k: 0.0)
     model = Path(shutil.copytree(tiny_tokenizer, tmp_path / "model"))

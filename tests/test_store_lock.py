@@ -18,7 +18,7 @@ from conftest import read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.errors import UsageError
 from eagle_datagen.store.lock import LOCK_NAME, DirectoryInUse, hold, is_locked
-from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
+from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
 _HOLDER = """
 import sys, time
@@ -68,7 +68,12 @@ def test_the_lock_needs_an_existing_directory(tmp_path: Path) -> None:
 def test_resume_and_run_are_refused_while_another_process_writes(
     tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any
 ) -> None:
-    config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, latency_s=0.1)
+    config = FakeConfig(
+        vocab_size=len(hf_tokenizer),
+        eos_id=hf_tokenizer.eos_token_id,
+        latency_s=0.1,
+        family=family_config(hf_tokenizer),
+    )
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(60))
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
