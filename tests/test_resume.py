@@ -325,7 +325,7 @@ def test_sigterm_then_sigkill_loses_no_response_received_before_the_signal(
     from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer
 
     config = FakeConfig(vocab_size=len(hf_tokenizer), eos_id=hf_tokenizer.eos_token_id, latency_s=0.02,
-                        max_running_requests=8)  # fmt: skip
+                        max_running_requests=8, family=family_config(hf_tokenizer))  # fmt: skip
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(2000))
     out = tmp_path / "out"
     with FakeSGLangServer(config) as server:
