@@ -365,7 +365,7 @@ async def _first_stop_request_checkpoints() -> None:  # request_stop runs on the
     producer = types.SimpleNamespace(stop=types.SimpleNamespace(set=lambda: None))
     pipeline = Pipeline(
         producer=producer, pool=None, http=None, transport=None, request_timeout_s=1.0,  # type: ignore[arg-type]
-        store=store, failures=failures, sampling_params={}, stop_ids=None, concurrency=1,  # type: ignore[arg-type]
+        store=store, failures=failures, sampling_params={}, spec=None, concurrency=1,  # type: ignore[arg-type]
         max_retries=0, checkpoint_records=1000, checkpoint_interval_s=10.0, stall_timeout_s=60.0,
         preflight=False, stats=Stats(),
     )  # fmt: skip
@@ -380,7 +380,7 @@ async def _first_stop_request_checkpoints() -> None:  # request_stop runs on the
     broken = Pipeline(
         producer=producer, pool=None, http=None, transport=None, request_timeout_s=1.0,  # type: ignore[arg-type]
         store=types.SimpleNamespace(checkpoint=full), failures=failures, sampling_params={},  # type: ignore[arg-type]
-        stop_ids=None, concurrency=1, max_retries=0, checkpoint_records=1000, checkpoint_interval_s=10.0,
+        spec=None, concurrency=1, max_retries=0, checkpoint_records=1000, checkpoint_interval_s=10.0,
         stall_timeout_s=60.0, preflight=False, stats=Stats(),
     )  # fmt: skip
     broken.request_stop()  # from a signal handler: the error stops the run with its message, it is not lost
