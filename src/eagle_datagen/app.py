@@ -391,7 +391,9 @@ async def _execute(
                 + ("" if config.concurrency else " (from the servers' max_running_requests)")
             )
             progress = Progress(stats, pool, total=scan.todo, enabled=config.progress)
-            urls = [f.url for f in server_facts]
+            # The serving renderer lives on the servers themselves: an sglang-router does not serve /v1/tokenize
+            # (it wants another body), so a router's workers render, each of which it checked.
+            urls = [url for f in server_facts for url in (f.workers or (f.url,))]
             if config.render == "client" and config.render_parity_rows:
                 await asyncio.to_thread(
                     preflight_parity, renderer, urls, source=source, rows=config.render_parity_rows,
