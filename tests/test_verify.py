@@ -18,8 +18,9 @@ from eagle_datagen.cli import main
 from eagle_datagen.generate.pipeline import record_ids
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.render import Renderer, load_tokenizer, tokenizer_facts
+from eagle_datagen.inputs.sources import file_identity
 from eagle_datagen.record.family import prompt_shape
-from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, file_identity
+from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
 from eagle_datagen.store.shards import ShardStore
 from eagle_datagen.verify.verify import Report, _compact_int_lists, _exact_types_problem, format_report, verify
 

@@ -7,7 +7,6 @@ differs, naming the field. Everything else (server URLs, concurrency, timeouts) 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,26 +21,6 @@ from eagle_datagen.store.shards import ShardInfo
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = 1
-
-
-def file_identity(path: Path) -> dict[str, Any]:
-    """Path, size, sha256 and line count of a file (the prompts file)."""
-    digest = hashlib.sha256()
-    size = lines = 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-            size += len(chunk)
-            lines += chunk.count(b"\n")
-    if size and not chunk_ends_with_newline(path):
-        lines += 1
-    return {"path": str(path.resolve()), "size": size, "sha256": digest.hexdigest(), "lines": lines}
-
-
-def chunk_ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as handle:
-        handle.seek(-1, 2)
-        return handle.read(1) == b"\n"
 
 
 @dataclass

@@ -31,6 +31,7 @@ import orjson
 
 from eagle_datagen.errors import UsageError
 from eagle_datagen.generate.pipeline import record_ids
+from eagle_datagen.inputs.partition import partition_of
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.sources import Columns
 from eagle_datagen.store.lock import check_not_in_use
@@ -211,8 +212,6 @@ def _key_of(rid: str, samples: int) -> str:
 
 
 def _partition_of_record(rid: str, samples: int, count: int) -> int:
-    from eagle_datagen.inputs.partition import partition_of
-
     return partition_of(_key_of(rid, samples), count)
 
 
