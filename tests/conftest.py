@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,12 @@ def read_records(out_dir: Path, *, stamps: bool = False) -> list[dict[str, Any]]
             for name in RUN_STAMPS:
                 record.pop(name, None)
     return records
+
+
+def python_with_env(path: Path, python: str | Path, **env: str) -> str:
+    """An executable at ``path`` that runs ``python`` with ``env`` exported, as a node's environment would
+    provide it to a server (or router) that eagle-datagen launches with ``--server-python``."""
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+    path.write_text(f'#!/bin/sh\n{exports}exec {shlex.quote(str(python))} "$@"\n')
+    path.chmod(0o755)
+    return str(path)

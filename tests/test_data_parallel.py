@@ -12,7 +12,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from conftest import write_jsonl
+from conftest import python_with_env, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.errors import UsageError
 from eagle_datagen.server.facts import default_concurrency, read_server_facts
@@ -52,18 +52,15 @@ def test_run_launches_with_dp_size(tmp_path: Path, tiny_tokenizer: Path, hf_toke
     import sys
 
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"k{i}", "prompt": f"q {i}"} for i in range(12)])
-    wrapper = tmp_path / "standin-python"
-    env = standin_env()
     fake = json.dumps({"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id})
-    wrapper.write_text(
-        f"#!/bin/sh\nexport PYTHONPATH={env['PYTHONPATH']} FAKE_SGLANG_CONFIG_JSON='{fake}'\n"
-        f'exec {sys.executable} "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    wrapper = python_with_env(
+        tmp_path / "standin-python", sys.executable,
+        PYTHONPATH=standin_env()["PYTHONPATH"], FAKE_SGLANG_CONFIG_JSON=fake,
+    )  # fmt: skip
     result = CliRunner().invoke(
         main,
         ["run", "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--model", str(tmp_path / "model"),
-         "--tokenizer", str(tiny_tokenizer), "--server-python", str(wrapper), "--tp-size", "1", "--dp-size", "2",
+         "--tokenizer", str(tiny_tokenizer), "--server-python", wrapper, "--tp-size", "1", "--dp-size", "2",
          "--server-arg=--max-running-requests=8", "--no-progress", "--max-new-tokens", "8"],
         catch_exceptions=False,
     )  # fmt: skip

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import read_records, varied_rows, write_jsonl
+from conftest import python_with_env, read_records, varied_rows, write_jsonl
 from eagle_datagen.cli import main
 from eagle_datagen.server.launcher import group_alive
 from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, expected_output, family_config
@@ -92,13 +92,8 @@ def two_fakes(hf_tokenizer: Any) -> Iterator[list[Any]]:
 @pytest.fixture
 def router_python(tmp_path: Path) -> str:
     """.venv-sglang's Python with the CPU shims, as the environment of a node would provide them."""
-    env = venv_env()
-    wrapper = tmp_path / "router-python"
-    wrapper.write_text(
-        f'#!/bin/sh\nexport SGLANG_USE_CPU_ENGINE=1 PYTHONPATH={env["PYTHONPATH"]}\nexec {SGLANG_PYTHON} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return str(wrapper)
+    shims = venv_env()["PYTHONPATH"]
+    return python_with_env(tmp_path / "router-python", SGLANG_PYTHON, SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=shims)
 
 
 def run(prompts: Path, out: Path, tokenizer: Path, *args: str) -> Any:

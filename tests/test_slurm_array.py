@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import read_records, varied_rows, write_jsonl
+from conftest import python_with_env, read_records, varied_rows, write_jsonl
 from eagle_datagen.testing.fake_sglang import family_config
 from eagle_datagen.verify.merge import merge_runs
 from test_launcher import STANDIN
@@ -32,22 +32,20 @@ def test_two_array_tasks_cover_the_prompts_and_leave_the_node_clean(
     tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any
 ) -> None:
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(40))
-    server_python = tmp_path / "standin-python"
     fake = json.dumps(
         {"vocab_size": len(hf_tokenizer), "eos_id": hf_tokenizer.eos_token_id, "family": family_config(hf_tokenizer)}
     )
     src = STANDIN.parents[1] / "src"  # the stand-in imports this checkout's package
-    server_python.write_text(
-        f"#!/bin/sh\nexport PYTHONPATH={STANDIN}:{src} FAKE_SGLANG_CONFIG_JSON='{fake}'\nexec {sys.executable} \"$@\"\n"
+    server_python = python_with_env(
+        tmp_path / "standin-python", sys.executable, PYTHONPATH=f"{STANDIN}:{src}", FAKE_SGLANG_CONFIG_JSON=fake
     )
-    server_python.chmod(0o755)
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PROMPTS": str(prompts),
         "MODEL": str(tiny_tokenizer),  # the stand-in serves any path; the tokenizer renders the prompts
         "OUT_ROOT": str(tmp_path / "array"),
-        "SERVER_PYTHON": str(server_python),
+        "SERVER_PYTHON": server_python,
         "EXTRA_ARGS": "--tp-size 1 --max-new-tokens 8",
     }
     for index in range(2):
