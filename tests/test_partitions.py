@@ -213,3 +213,10 @@ def test_merge_refuses_a_run_with_a_live_writer(tmp_path: Path, array_of_three: 
     with hold(outs[1], "eagle-datagen resume"), pytest.raises(UsageError, match=rf"{outs[1]} is in use by pid"):
         merge_runs(tmp_path / "m", outs)
     assert merge_runs(tmp_path / "m", outs).records == 120  # once the writer is gone
+
+
+def test_merge_reads_a_shard_whose_ids_sidecar_is_torn(tmp_path: Path, array_of_three: tuple[Path, list[Path]]) -> None:
+    _, outs = array_of_three
+    sidecar = next((outs[0] / "shards").glob("*.ids"))
+    sidecar.write_bytes(sidecar.read_bytes()[:-5])  # cut mid-id: not a whole sidecar
+    assert merge_runs(tmp_path / "m", outs).records == 120

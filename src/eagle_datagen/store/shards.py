@@ -319,6 +319,13 @@ class ShardStore:
         self._hash = hashlib.sha256()
 
 
+def shard_ids(path: Path, records: int) -> list[str]:
+    """The ids of the finalized shard ``path``: its ``.ids`` sidecar when it is whole and holds ``records`` ids
+    (the manifest's count), else read from the shard itself (the shards are the truth)."""
+    ids = _read_ids(path.with_suffix(".ids"))
+    return ids if ids is not None and len(ids) == records else list(iter_ids(path))
+
+
 def _read_ids(path: Path) -> list[str] | None:
     """The ids of a ``.ids`` sidecar, split on ``\\n`` only (ids may hold U+2028 and other separators);
     ``None`` when it is not a whole, UTF-8 sidecar."""

@@ -37,7 +37,7 @@ from eagle_datagen.inputs.sources import Columns
 from eagle_datagen.store.lock import check_not_in_use
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, plan_differences
-from eagle_datagen.store.shards import SHARD_RE, ShardInfo, iter_ids, shard_name
+from eagle_datagen.store.shards import SHARD_RE, ShardInfo, shard_ids, shard_name
 
 SHARDS_DIR = "shards"
 EXAMPLES = 5
@@ -200,11 +200,7 @@ def _check_partition_set(runs: list[_Run]) -> None:
 def _record_ids(run: _Run) -> Iterator[str]:
     shard_dir = run.directory / SHARDS_DIR
     for info in run.manifest.shards:
-        sidecar = (shard_dir / info.name).with_suffix(".ids")
-        if sidecar.is_file():
-            yield from (rid for rid in sidecar.read_text(encoding="utf-8").split("\n") if rid)
-        else:
-            yield from iter_ids(shard_dir / info.name)
+        yield from shard_ids(shard_dir / info.name, info.records)
 
 
 def _key_of(rid: str, samples: int) -> str:
