@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -339,3 +340,299 @@ def test_launch_server_standin_crashes_once(tmp_path: Path) -> None:
         assert proc.wait(5) == 0
     finally:
         _kill_group(proc)
+
+
+# ----------------------------------------------------------------------------------------------------
+# /separate_reasoning and /parse_function_call: one table of requests and SGLang 0.5.23's answers, checked
+# against the fake here and against SGLang's own app below (sglang mark), so the fake cannot drift.
+# ----------------------------------------------------------------------------------------------------
+
+KEY = "parser-key"
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"properties": {"city": {}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"properties": {"zone": {}}}}},
+]
+ONE_TOOL = TOOLS[:1]
+KIMI_CALL = (
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+    '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+)
+
+
+def _kimi_calls(*calls: tuple[str, str]) -> str:
+    inner = "".join(f"<|tool_call_begin|>{i}<|tool_call_argument_begin|>{a}<|tool_call_end|>" for i, a in calls)
+    return f"<|tool_calls_section_begin|>{inner}<|tool_calls_section_end|>"
+
+
+def _qwen_call(obj: Any) -> str:
+    return f"<tool_call>\n{json.dumps(obj)}\n</tool_call>"
+
+
+class Invalid:
+    """A 400 validation error whose message holds each fragment (SGLang's message also names its structs)."""
+
+    def __init__(self, *fragments: str) -> None:
+        self.fragments = fragments
+
+    def __repr__(self) -> str:
+        return f"Invalid{self.fragments}"
+
+
+ISE = "Internal Server Error"  # a plain-text 500: SGLang's unhandled ValueError (unknown parser name)
+SR, PF = "/separate_reasoning", "/parse_function_call"
+
+
+def _sr(text: Any, parser: str, **extra: Any) -> dict[str, Any]:
+    return {"text": text, "reasoning_parser": parser, **extra}
+
+
+def _pf(text: str, parser: str | None, tools: Any = TOOLS, **extra: Any) -> dict[str, Any]:
+    return {"text": text, "tool_call_parser": parser, "tools": tools, **extra}
+
+
+def _rt(reasoning: str, text: str) -> dict[str, Any]:
+    return {"reasoning_text": reasoning, "text": text}
+
+
+def _calls(normal: str, *calls: tuple[int, str, str]) -> dict[str, Any]:
+    return {"normal_text": normal, "calls": [{"tool_index": i, "name": n, "parameters": p} for i, n, p in calls]}
+
+
+def _adapter(name: str) -> dict[str, Any]:
+    message = f"'{name}' output is parsed with its model's tokenizer; this server does not serve that model"
+    return {"object": "error", "message": message, "type": "400", "param": None, "code": 400}
+
+
+# (path, body (bytes: sent as is), authorised, status, answer: JSON body, Invalid, or ISE)
+PARSER_CASES: list[tuple[str, Any, bool, int, Any]] = [
+    # The table of ../shared/docs/sglang-parsers.md: the parsers need the opener, except deepseek-r1 (forced).
+    (SR, _sr("one plus two</think>three", "kimi_k2"), True, 200, _rt("", "one plus two</think>three")),
+    (SR, _sr("<think>one plus two</think>three", "kimi_k2"), True, 200, _rt("one plus two", "three")),
+    (SR, _sr("one plus two</think>three", "qwen3"), True, 200, _rt("", "one plus two</think>three")),
+    (SR, _sr("<think>one plus two</think>three", "qwen3"), True, 200, _rt("one plus two", "three")),
+    (SR, _sr("one plus two</think>three", "glm45"), True, 200, _rt("", "one plus two</think>three")),
+    (SR, _sr("<think>one plus two</think>three", "glm45"), True, 200, _rt("one plus two", "three")),
+    (SR, _sr("one plus two</think>three", "deepseek-r1"), True, 200, _rt("one plus two", "three")),
+    (SR, _sr("<think>one plus two</think>three", "deepseek-r1"), True, 200, _rt("one plus two", "three")),
+    # no closer: all reasoning, up to the parser's tool-start token
+    (SR, _sr("<think>cut short", "kimi_k2"), True, 200, _rt("cut short", "")),
+    (SR, _sr("cut short", "deepseek-r1"), True, 200, _rt("cut short", "")),
+    (SR, _sr("<think>plan" + KIMI_CALL, "kimi_k2"), True, 200, _rt("plan", KIMI_CALL)),
+    (SR, _sr("<think>plan<tool_call>\n{}", "qwen3"), True, 200, _rt("plan", "<tool_call>\n{}")),
+    (SR, _sr("<think>plan<tool_call>\n{}", "deepseek-r1"), True, 200, _rt("plan<tool_call>\n{}", "")),
+    # openers stripped only at the start, the first closer splits
+    (SR, _sr("<think><think>a</think>b", "deepseek-r1"), True, 200, _rt("a", "b")),
+    (SR, _sr("x<think>a</think>b", "qwen3"), True, 200, _rt("x<think>a", "b")),
+    (SR, _sr("<think>a</think>b</think>c", "glm45"), True, 200, _rt("a", "b</think>c")),
+    (SR, _sr("</think>b", "deepseek-r1"), True, 200, _rt("", "b")),
+    (SR, _sr("a</think>b", "qwen3-thinking"), True, 200, _rt("a", "b")),
+    (SR, _sr("<think>a</think>b<|im_end|>", "qwen3"), True, 200, _rt("a", "b<|im_end|>")),
+    (SR, _sr("\u25c1think\u25b7a\u25c1/think\u25b7b", "kimi"), True, 200, _rt("a", "b")),
+    (SR, _sr("[THINK]a[/THINK]b", "mistral"), True, 200, _rt("a", "b")),
+    (SR, _sr("a</think>b", "minimax-append-think"), True, 200, _rt("", "<think>a</think>b")),
+    (SR, _sr("<think>a</think>b", "KIMI_K2"), True, 200, _rt("a", "b")),  # looked up lower-cased
+    (SR, _sr("<think>a</think>b", "qwen3", extra=1), True, 200, _rt("a", "b")),  # unknown keys ignored
+    (SR, _sr("<think>a</think>b", "qwen3", return_blocks=True), True, 200,
+     {**_rt("a", "b"), "reasoning_blocks": ["a"], "text_blocks": ["b"],
+      "blocks": [{"type": "reasoning", "text": "a"}, {"type": "text", "text": "b"}]}),
+    (SR, _sr("b", "qwen3", return_blocks="yes"), True, 200,
+     {**_rt("", "b"), "reasoning_blocks": [], "text_blocks": ["b"], "blocks": [{"type": "text", "text": "b"}]}),
+    (SR, _sr("b", "qwen3", return_blocks=1), True, 200,
+     {**_rt("", "b"), "reasoning_blocks": [], "text_blocks": ["b"], "blocks": [{"type": "text", "text": "b"}]}),
+    # errors
+    (SR, _sr("<think>a</think>b", "kimi_k2"), False, 401, {"error": "Unauthorized"}),
+    (SR, _sr("a", "bogus"), True, 500, ISE),
+    (SR, _sr("a", ""), True, 500, ISE),
+    (SR, _sr("a", "deepseek-v4"), True, 400, _adapter("deepseek-v4")),
+    (SR, {"text": "a"}, True, 400, Invalid("'reasoning_parser'), 'msg': 'Field required'")),
+    (SR, {"reasoning_parser": "qwen3"}, True, 400, Invalid("'text'), 'msg': 'Field required'")),
+    (SR, _sr(5, "qwen3"), True, 400, Invalid("'text'), 'msg': 'Input should be a valid string'")),
+    (SR, {"text": None, "reasoning_parser": "qwen3"}, True, 400, Invalid("'string_type'", "'text')")),
+    (SR, _sr("a", "qwen3", return_blocks=2), True, 400, Invalid("'bool_parsing'", "'return_blocks')")),
+    (SR, _sr("a", "qwen3", rid=5), True, 400, Invalid("'rid'), 'msg': 'Input should be a valid string'")),
+    (SR, [1, 2], True, 400, Invalid("'msg': 'Input should be a valid dictionary'")),
+    (SR, b"", True, 400, Invalid("{'type': 'missing', 'loc': ('body',), 'msg': 'Field required'")),
+    (SR, b"{nope", True, 400, Invalid("'json_invalid'")),
+    # kimi_k2: names from the call ids (any name), raw argument text, tool_index counts this text's calls
+    (PF, _pf("Checking." + KIMI_CALL, "kimi_k2"), True, 200, _calls("Checking.", (0, "get_weather", '{"city": "Paris"}'))),
+    (PF, _pf("a" + _kimi_calls(("functions.get_time:3", '{"zone":"UTC"}'), ("functions.nope:4", "{not json}")),
+             "kimi_k2"), True, 200, _calls("a", (0, "get_time", '{"zone":"UTC"}'), (1, "nope", "{not json}"))),
+    (PF, _pf(_kimi_calls(("7", '{"city": "Oslo"}')), "kimi_k2", ONE_TOOL), True, 200,
+     _calls("", (0, "get_weather", '{"city": "Oslo"}'))),
+    (PF, _pf(_kimi_calls(("7", '{"zone": "CET"}')), "kimi_k2"), True, 200, _calls("", (0, "get_time", '{"zone": "CET"}'))),
+    (PF, _pf("x" + _kimi_calls(("7", "{bad}")), "kimi_k2"), True, 200, _calls("x")),
+    (PF, _pf("x" + _kimi_calls(("get_weather", "{}")), "kimi_k2"), True, 200, _calls("x")),
+    (PF, _pf("Checking." + KIMI_CALL, "kimi_k2", []), True, 200, _calls("Checking." + KIMI_CALL)),
+    (PF, {"text": "Checking." + KIMI_CALL, "tool_call_parser": "kimi_k2"}, True, 200, _calls("Checking." + KIMI_CALL)),
+    (PF, _pf("<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}<|tool_call_end|>", "kimi_k2"),
+     True, 200, _calls("<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}<|tool_call_end|>")),
+    (PF, _pf(" a \n" + _qwen_call({"name": "get_time", "arguments": {"zone": "Köln"}}) + "\ntail", "qwen25"), True,
+     200, _calls("a", (1, "get_time", '{"zone": "Köln"}'))),
+    # qwen25: arguments re-serialised, tool_index is the tool's place in tools, unknown functions dropped
+    (PF, _pf(_qwen_call({"name": "nope", "arguments": {}}), "qwen25"), True, 200, _calls("")),
+    (PF, _pf("x" + _qwen_call({"name": "get_weather", "arguments": '{"city": "Rome"}'}), "qwen"), True, 200,
+     _calls("x", (0, "get_weather", '"{\\"city\\": \\"Rome\\"}"'))),
+    (PF, _pf(_qwen_call([{"name": "get_time", "parameters": {"zone": 1}}, {"name": "get_weather"}]), "qwen25"),
+     True, 200, _calls("", (1, "get_time", '{"zone": 1}'), (0, "get_weather", "{}"))),
+    (PF, _pf("x<tool_call>\n{broken\n</tool_call>", "qwen25"), True, 200, _calls("x")),
+    (PF, _pf("x<tool_call>{}</tool_call>", "qwen25"), True, 200, _calls("x<tool_call>{}</tool_call>")),
+    (PF, _pf(_qwen_call({"name": {}}), "qwen25"), True, 200, _calls("")),
+    (PF, _pf(_qwen_call([1]), "qwen25"), True, 500, ISE),
+    # errors
+    (PF, _pf("x", "kimi_k2"), False, 401, {"error": "Unauthorized"}),
+    (PF, _pf("x", "bogus", []), True, 500, ISE),
+    (PF, _pf("x", "Kimi_K2"), True, 500, ISE),  # not lower-cased
+    (PF, _pf("x", None), True, 500, ISE),
+    (PF, {"text": "x", "tools": TOOLS}, True, 500, ISE),
+    (PF, _pf("x", "deepseekv4"), True, 400, _adapter("deepseekv4")),
+    (PF, {"tool_call_parser": "kimi_k2"}, True, 400, Invalid("'text'), 'msg': 'Field required'")),
+    (PF, _pf("x", "qwen25", None), True, 400, Invalid("'tools'), 'msg': 'Input should be a valid list'")),
+    (PF, _pf("x", "qwen25", {"a": 1}), True, 400, Invalid("'list_type'")),
+    (PF, _pf("x", "qwen25", [{"type": "function"}]), True, 400, Invalid("'function'), 'msg': 'Field required'")),
+    (PF, _pf("x", "qwen25", [{"function": {"name": 5}}]), True, 400, Invalid("'name'), 'msg': 'Input should be a valid string'")),
+    (PF, _pf("x", "qwen25", [{"function": {"name": "f", "parameters": []}}]), True, 400,
+     Invalid("'parameters'), 'msg': 'Input should be a valid dictionary'")),
+    (PF, _pf("x", "qwen25", [{"function": {"name": "f"}, "type": 3}]), True, 400,
+     Invalid("'type'), 'msg': 'Input should be a valid string'")),
+    (PF, _pf("x", "qwen25", [[1]]), True, 400, Invalid("'msg': 'Input should be a valid dictionary'")),
+]  # fmt: skip
+
+
+def _check_parser_answer(status: int, content_type: str, body: bytes, want_status: int, want: Any) -> None:
+    assert status == want_status, body
+    if want == ISE:
+        assert content_type.startswith("text/plain") and body.decode() == ISE
+        return
+    assert content_type == "application/json"
+    got = json.loads(body)
+    if isinstance(want, Invalid):
+        assert set(got) == {"object", "message", "type", "param", "code"}
+        assert (got["object"], got["type"], got["param"], got["code"]) == ("error", "Bad Request", None, 400)
+        assert got["message"].split(":")[0].endswith(("validation error", "validation errors"))
+        for fragment in want.fragments:
+            assert fragment in got["message"], got["message"]
+        return
+    assert got == want
+
+
+@pytest.fixture(scope="module")
+def parser_server() -> Iterator[FakeSGLangServer]:
+    with FakeSGLangServer(FakeConfig(api_key=KEY)) as srv:
+        yield srv
+
+
+def _parser_post(url: str, path: str, body: Any, auth: bool) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {KEY}"} if auth else {}
+    if isinstance(body, bytes):
+        return _HTTP.post(url + path, content=body, headers={**headers, "content-type": "application/json"})
+    return _HTTP.post(url + path, json=body, headers=headers)
+
+
+@pytest.mark.parametrize(("path", "body", "auth", "status", "want"), PARSER_CASES)
+def test_parser_endpoints(
+    parser_server: FakeSGLangServer, path: str, body: Any, auth: bool, status: int, want: Any
+) -> None:
+    r = _parser_post(parser_server.url, path, body, auth)
+    _check_parser_answer(r.status_code, r.headers["content-type"], r.content, status, want)
+
+
+def test_parser_endpoints_count_calls_and_refuse_what_the_fake_cannot_parse() -> None:
+    with FakeSGLangServer(FakeConfig()) as srv:
+        assert _HTTP.get(srv.url + SR).status_code == 405
+        for name in ("gpt-oss", "kimi_k3"):  # real SGLang parses these; the fake says it cannot
+            r = _HTTP.post(srv.url + SR, json=_sr("a", name))
+            assert r.status_code == 400 and f"does not implement the reasoning parser '{name}'" in r.json()["message"]
+        r = _HTTP.post(srv.url + PF, json=_pf("a", "hermes"))
+        assert r.status_code == 400 and "does not implement the tool-call parser 'hermes'" in r.json()["message"]
+        assert "kimi_k2, qwen, qwen25" in r.json()["message"]
+        assert srv.stats()["parser_calls"] == {SR: 2, PF: 1}  # the 405 never reached the route
+
+
+def test_parse_reply_against_the_fake_and_while_it_is_down() -> None:
+    """server/parsers.py's client on the fake: the assistant message for the next turn's history."""
+    import asyncio
+
+    from eagle_datagen.errors import ServerError
+    from eagle_datagen.server.parsers import ParsedReply, parse_reply
+
+    def parse(url: str, text: str, reasoning: str | None, tool: str | None, **kw: Any) -> ParsedReply:
+        async def go() -> ParsedReply:
+            async with httpx.AsyncClient(timeout=10, headers={"Authorization": f"Bearer {KEY}"}) as http:
+                return await parse_reply(
+                    http, url, text, reasoning_parser=reasoning, tool_call_parser=tool, tools=TOOLS,
+                    call_id=lambda i: f"row7@t2:{i}", **kw,
+                )  # fmt: skip
+
+        return asyncio.run(go())
+
+    with FakeSGLangServer(FakeConfig(api_key=KEY)) as srv:
+        kimi = parse(srv.url, f"<think>look it up</think>Checking.{KIMI_CALL}", "kimi_k2", "kimi_k2", earlier_calls=2)
+        assert kimi.message() == {
+            "role": "assistant", "content": "Checking.", "reasoning_content": "look it up",
+            "tool_calls": [{"id": "functions.get_weather:2", "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+        }  # fmt: skip
+        qwen = parse(srv.url, "<think>hm</think>\n\nSure." + _qwen_call({"name": "get_time", "arguments": {}}),
+                     "qwen3", "qwen25")  # fmt: skip
+        assert qwen.message() == {
+            "role": "assistant", "content": "Sure.", "reasoning_content": "hm",
+            "tool_calls": [{"id": "row7@t2:1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}],
+        }  # fmt: skip
+        assert parse(srv.url, "plain", None, None).message() == {"role": "assistant", "content": "plain"}
+        with pytest.raises(ServerError, match=r"/separate_reasoning answered 500: Internal Server Error; check"):
+            parse(srv.url, "x", "bogus", None)
+        assert srv.stats()["parser_calls"] == {SR: 3, PF: 2}
+        srv.go_down()
+        with pytest.raises(ServerError, match="could not be reached"):
+            parse(srv.url, "x", "qwen3", None)
+        srv.come_up()
+        assert parse(srv.url, "<think>a</think>b", "qwen3", None).content == "b"
+
+
+_REAL_PARSERS_SCRIPT = """
+import json, sys
+from types import SimpleNamespace
+import sglang.srt.entrypoints.http_server as hs
+from sglang.srt.function_call.function_call_parser import FunctionCallParser
+from sglang.srt.parser.reasoning_parser import ReasoningParser
+from sglang.srt.utils.auth import add_api_key_middleware
+from starlette.testclient import TestClient
+
+# SGLang's own FastAPI app, no engine: the parser routes need only these two pieces of state
+hs.app.state.openai_serving_chat = SimpleNamespace(chat_encoding_spec=None, encoding_adapter=None)
+hs.set_global_state(SimpleNamespace(tokenizer_manager=SimpleNamespace(tokenizer=None)))
+req = json.load(sys.stdin)
+add_api_key_middleware(hs.app, api_key=req["key"], admin_api_key=None)
+client = TestClient(hs.app, raise_server_exceptions=False)
+out = []
+for path, body, raw, auth in req["cases"]:
+    headers = {"Authorization": "Bearer " + req["key"]} if auth else {}
+    if raw:
+        r = client.post(path, content=body.encode(), headers={**headers, "content-type": "application/json"})
+    else:
+        r = client.post(path, json=body, headers=headers)
+    out.append([r.status_code, r.headers.get("content-type"), r.content.decode()])
+names = {"reasoning": sorted(ReasoningParser.DetectorMap), "tool_call": sorted(FunctionCallParser.ToolCallParserEnum)}
+print(json.dumps({"answers": out, "names": names}))
+"""
+
+
+@pytest.mark.sglang
+def test_parser_table_is_what_real_sglang_answers(sglang_venv_python: Path) -> None:
+    """The same requests through SGLang 0.5.23's own app (its routes, validation, parsers and error handlers,
+    in-process with Starlette's TestClient: no server, no model): every answer of the table holds there too."""
+    from eagle_datagen.testing import fake_parsers
+    from real_sglang import run_venv_python
+
+    cases = [
+        [path, body.decode() if isinstance(body, bytes) else body, isinstance(body, bytes), auth]
+        for path, body, auth, _, _ in PARSER_CASES
+    ]
+    result = json.loads(run_venv_python(["-c", _REAL_PARSERS_SCRIPT], stdin=json.dumps({"key": KEY, "cases": cases})))
+    for (status, content_type, body), case in zip(result["answers"], PARSER_CASES, strict=True):
+        try:
+            _check_parser_answer(status, content_type, body.encode(), case[3], case[4])
+        except AssertionError as exc:
+            raise AssertionError(f"real SGLang differs on {case[:3]}: {status} {body[:600]}") from exc
+    assert set(result["names"]["reasoning"]) == fake_parsers.SGLANG_REASONING_PARSERS
+    assert set(result["names"]["tool_call"]) == fake_parsers.SGLANG_TOOL_CALL_PARSERS

@@ -9,6 +9,9 @@ serve thousands of responses per second. Run it in-process (:class:`FakeSGLangSe
 
     python -m eagle_datagen.testing.fake_sglang --port 0 --port-file PATH [--config-json JSON] [--FIELD V]
 
+SGLang's native parser endpoints ``POST /separate_reasoning`` and ``POST /parse_function_call`` work on text with
+the parsers of :mod:`eagle_datagen.testing.fake_parsers` (request, answer and error shapes as SGLang 0.5.23's).
+
 Extra endpoints: ``GET /fake/stats``, ``GET|POST /fake/config``, ``POST /fake/restart``,
 ``POST /fake/reset_stats``.
 """
@@ -37,6 +40,7 @@ from typing import Any, cast
 import orjson
 
 from eagle_datagen.config import SGLANG_INT_KEYS, SGLANG_SAMPLING_FIELDS
+from eagle_datagen.testing import fake_parsers
 
 SAMPLING_KEYS = SGLANG_SAMPLING_FIELDS  # docs/sglang-contract.md §1.1
 _SAMPLING_KEY_SET = frozenset(SAMPLING_KEYS)
@@ -530,11 +534,13 @@ class _HttpProtocol(asyncio.Protocol):
         self.head = None
         return _Request(method, path.split("?", 1)[0], headers, body, keep, time.monotonic())
 
-    def send(self, status: int, body: bytes, keep_alive: bool, extra_head: str = "") -> None:
+    def send(
+        self, status: int, body: bytes, keep_alive: bool, extra_head: str = "", content_type: str = "application/json"
+    ) -> None:
         if self.closed or self.transport is None:
             return
         head = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: {content_type}\r\n"
             f"content-length: {len(body)}\r\n{extra_head}{'' if keep_alive else _CLOSE}\r\n"
         )
         self.transport.write(head.encode() + body)
@@ -588,6 +594,7 @@ class _Stats:
     crash_reason: str | None = None
     stalls: int = 0
     cache_hits: int = 0
+    parser_calls: dict[str, int] = field(default_factory=dict)  # per parser route, every request counted
 
     def set_busy(self, delta: int) -> None:
         now = time.monotonic()
@@ -703,6 +710,8 @@ class _Core:
             "/v1/chat/completions": (("POST",), self._h_chat),
             "/v1/models": (("GET",), self._h_models),
             "/v1/tokenize": (("POST",), self._h_tokenize),
+            "/separate_reasoning": (("POST",), self._h_separate_reasoning),
+            "/parse_function_call": (("POST",), self._h_parse_function_call),
             "/health": (("GET",), self._h_health),
             "/health_generate": (("GET",), self._h_health),
             "/ready": (("GET",), self._h_ready),
@@ -827,14 +836,22 @@ class _Core:
     def reply(self, proto: _HttpProtocol, req: _Request, status: int, obj: Any, generate: bool = False) -> None:
         self.send_raw(proto, req, status, obj if isinstance(obj, bytes) else _dumps(obj), generate)
 
-    def send_raw(self, proto: _HttpProtocol, req: _Request, status: int, body: bytes, generate: bool) -> None:
+    def send_raw(
+        self,
+        proto: _HttpProtocol,
+        req: _Request,
+        status: int,
+        body: bytes,
+        generate: bool,
+        content_type: str = "application/json",
+    ) -> None:
         key = str(status)
         self.stats.by_status[key] = self.stats.by_status.get(key, 0) + 1
         if generate:
             self.stats.generate_by_status[key] = self.stats.generate_by_status.get(key, 0) + 1
         retry_after = self.cfg.retry_after_s
         extra = f"retry-after: {retry_after}\r\n" if retry_after is not None and status in (429, 503) else ""
-        proto.send(status, body, req.keep_alive, extra)
+        proto.send(status, body, req.keep_alive, extra, content_type)
 
     def _authorized(self, req: _Request) -> bool:
         key = self.cfg.api_key
@@ -959,6 +976,28 @@ class _Core:
             self._tok = AutoTokenizer.from_pretrained(self.cfg.tokenizer_path, trust_remote_code=True)
             self._tok_path = self.cfg.tokenizer_path
         return self._tok
+
+    # -- /separate_reasoning, /parse_function_call ------------------------------------------------
+
+    def _h_separate_reasoning(self, proto: _HttpProtocol, req: _Request) -> None:
+        self._parser_route(proto, req, fake_parsers.separate_reasoning)
+
+    def _h_parse_function_call(self, proto: _HttpProtocol, req: _Request) -> None:
+        self._parser_route(proto, req, fake_parsers.parse_function_call)
+
+    def _parser_route(self, proto: _HttpProtocol, req: _Request, parse: Callable[[Any], dict[str, Any]]) -> None:
+        """SGLang's native parser endpoints, on text (eagle_datagen.testing.fake_parsers)."""
+        calls = self.stats.parser_calls
+        calls[req.path] = calls.get(req.path, 0) + 1
+        if not self._authorized(req):
+            return self.reply(proto, req, 401, UNAUTHORIZED)
+        try:
+            body = parse(fake_parsers.decode_body(req.body))
+        except fake_parsers.ParserRequestError as exc:
+            if exc.body == fake_parsers.INTERNAL_ERROR:
+                return self.send_raw(proto, req, exc.status, exc.body, False, "text/plain; charset=utf-8")
+            return self.reply(proto, req, exc.status, exc.body)
+        self.reply(proto, req, 200, body)
 
     # -- fake control ------------------------------------------------------------------------------
 
