@@ -32,12 +32,14 @@ from eagle_datagen.generate.connect import refuse_proxies, ssl_context
 from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
 from eagle_datagen.generate.pool import Endpoint, ServerPool
 from eagle_datagen.generate.transport import Transport
+from eagle_datagen.generate.turns import ENDS_NAME, TurnDriver, TurnState
 from eagle_datagen.inputs.mix import describe_mix, record_plan
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.render import (
     Renderer,
     RenderPool,
     TokenizerFacts,
+    count_rows_with_tools,
     load_tokenizer,
     model_vocab_size,
     render_plan,
@@ -49,6 +51,7 @@ from eagle_datagen.options import build_run_config, merge, savable
 from eagle_datagen.progress import Progress, format_failures, format_summary
 from eagle_datagen.record.checks import RecordSpec
 from eagle_datagen.record.family import Family, PresetMismatch, apply_preset_tokens, describe_family, detect_family
+from eagle_datagen.record.turns import plan_turns
 from eagle_datagen.server.facts import (
     FactsCheck,
     ServerFacts,
@@ -65,7 +68,7 @@ from eagle_datagen.server.tokenize import ServerRenderer
 from eagle_datagen.store.lock import LOCK_NAME, check_not_in_use, hold
 from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan
-from eagle_datagen.store.shards import ShardStore
+from eagle_datagen.store.shards import ShardStore, read_records
 
 log = logging.getLogger("eagle_datagen")
 
@@ -181,15 +184,19 @@ def _with_continue(exc: BaseException, out_dir: Path) -> DatagenError:
     return error
 
 
-def scan_prompts(config: RunConfig, skip_ids: Collection[str]) -> PromptScan:
+def scan_prompts(config: RunConfig, skip_ids: Collection[str], turns: TurnState | None = None) -> PromptScan:
     """Reads and validates every row before the first request (the file is read for its sha256
     anyway), so a bad row late in the file costs no work in flight. Rows are not kept: only their
     keys, as the run's own reader does. With ``--skip-bad-lines`` bad rows are counted here and set
-    aside (rejects.jsonl) by the run."""
+    aside (rejects.jsonl) by the run. With ``--turns all`` the work left counts turns (at most: a
+    conversation may end early)."""
     open_source(config.prompts, config.input_columns)  # the kind of input and its columns, before any row
     n = config.samples_per_prompt
+    state = turns if turns is not None else TurnState() if config.turns is not None else None
 
     def is_done(key: str) -> bool:
+        if state is not None:
+            return all(state.is_done(base) for base, _ in record_ids(key, n))
         return all(rid in skip_ids for rid, _ in record_ids(key, n))
 
     reader = PromptReader(
@@ -198,10 +205,15 @@ def scan_prompts(config: RunConfig, skip_ids: Collection[str]) -> PromptScan:
         is_done=is_done if skip_ids else None,
         columns=config.input_columns,
         partition=config.partition,
+        turns=state is not None,
     )
     todo = 0
     for row in reader:
-        todo += sum(1 for rid, _ in record_ids(row.key, n) if rid not in skip_ids)
+        if state is not None:
+            plan = plan_turns(row.messages, str(config.prompts), row.line)
+            todo += sum(state.remaining(plan, base) for base, _ in record_ids(row.key, n))
+        else:
+            todo += sum(1 for rid, _ in record_ids(row.key, n) if rid not in skip_ids)
     return PromptScan(rows=reader.stats.rows, bad=reader.stats.bad, todo=todo)
 
 
@@ -255,6 +267,7 @@ def build_plan(
         **({"partition": config.partition.to_json()} if config.partition is not None else {}),
         **({"mix": config.mix.to_json()} if config.mix is not None else {}),
         **({"seed": config.seed} if config.seed is not None else {}),
+        **({"turns": config.turns.to_json()} if config.turns is not None else {}),
     }
 
 
@@ -291,6 +304,8 @@ async def _execute(
     spec = RecordSpec(
         vocab_size=manifest.facts["model_vocab_size"] or facts.vocab_size, stop_ids=frozenset(stop_ids), family=family
     )
+    if config.turns is not None:
+        check_turn_parsers(config, family, source)
     manifest.server["options"] = savable(options)
     manifest.save()
 
@@ -332,9 +347,24 @@ async def _execute(
         verb = "retrying" if config.retry_failed else "keeping aside (--no-retry-failed)"
         echo(f"  {verb} {len(failed_ids - store.done)} failed requests")
     skip_ids = store.done if config.retry_failed else store.done | failed_ids
+    turn_state: TurnState | None = None
+    ends: JsonlLog | None = None
+    if config.turns is not None:
+        turn_state = TurnState.load(
+            store.done,
+            read_entries(out / ENDS_NAME),
+            functools.partial(read_records, out / SHARDS_DIR),
+            kept_aside=() if config.retry_failed else failed_ids,
+        )
+        ends = JsonlLog(out / ENDS_NAME)
+        for entry in turn_state.found_ended():  # a stop came between a conversation's last record and its line
+            ends.append(entry)
+        if resume:
+            going_on = sum(1 for b, k in turn_state.last_turn.items() if k and b not in turn_state.ended)
+            echo(f"  conversations: {len(turn_state.ended)} ended, {going_on} to continue from their last turn")
     if scan is None:
         try:
-            scan = scan_prompts(config, skip_ids)
+            scan = scan_prompts(config, skip_ids, turn_state)
         except BadInputError as exc:
             raise bad_row_advice(exc, out) from exc
     if resume and scan.todo == 0:
@@ -350,14 +380,17 @@ async def _execute(
         rejects.append({"line": exc.line, "kind": exc.kind, "message": exc.detail})
 
     def is_done(key: str) -> bool:
+        if turn_state is not None:
+            return all(turn_state.is_done(base) for base, _ in record_ids(key, config.samples_per_prompt))
         return all(rid in skip_ids for rid, _ in record_ids(key, config.samples_per_prompt))
 
     reader = PromptReader(
         config.prompts,
         on_bad=on_bad if config.skip_bad_lines else None,
-        is_done=is_done if skip_ids else None,
+        is_done=is_done if skip_ids or turn_state is not None else None,
         columns=config.input_columns,
         partition=config.partition,
+        turns=config.turns is not None,
     )
     interrupted = False
     stack = contextlib.ExitStack()
@@ -420,6 +453,25 @@ async def _execute(
                 chunks = render_pool.render_chunks
             else:
                 chunks = renderer.render_chunks
+            driver: TurnDriver | None = None
+            if config.turns is not None:
+                render_one: Any = server_renderer.tokenize if config.render == "server" else renderer.render
+                driver = TurnDriver(
+                    config.turns,
+                    tokenizer=tokenizer,
+                    family=family,
+                    stop_ids=stop_ids,
+                    render_one=functools.partial(render_one, path=str(config.prompts)),
+                    http=http,
+                    max_input_len=limits.max_input_len,
+                    model_vocab=limits.model_vocab,
+                    parser_url={f.url: f.workers[0] for f in server_facts if f.workers},
+                )
+                await driver.check_parsers(urls[0])
+                echo(
+                    f"  turns: all (reasoning parser {config.turns.reasoning_parser or 'none'}, tool-call parser "
+                    f"{config.turns.tool_call_parser or 'none'}, a truncated turn: {config.turns.on_truncated})"
+                )
             producer = Producer(
                 reader,
                 functools.partial(chunks, path=str(config.prompts)),
@@ -432,6 +484,8 @@ async def _execute(
                 record_plan=functools.partial(
                     record_plan, config.mix, config.seed, config.chat_template_kwargs, config.sampling.to_request()
                 ),
+                turns=turn_state,
+                on_truncated=config.turns.on_truncated if config.turns is not None else "stop",
             )
             pipeline = Pipeline(
                 producer=producer,
@@ -451,6 +505,8 @@ async def _execute(
                 preflight=config.server.preflight,
                 stats=stats,
                 on_progress=progress.update,
+                turns=driver,
+                ends=ends,
             )
             switch.pipeline = pipeline
             try:
@@ -471,6 +527,8 @@ async def _execute(
             store.close()
         failures.close()
         rejects.close()
+        if ends is not None:
+            ends.close()
         run_entry.update(
             {
                 "finished": _utc(time.time()),
@@ -493,6 +551,24 @@ async def _execute(
     )
     code = EXIT_INTERRUPTED if interrupted else EXIT_FAILED_REQUESTS if unresolved else EXIT_DONE
     return Outcome(summary=summary, interrupted=interrupted, out_dir=out, exit_code=code)
+
+
+def check_turn_parsers(config: RunConfig, family: Family, source: Any) -> None:
+    """``--turns all`` splits each reply as serving does: a reasoning model needs its reasoning parser (else the
+    history would carry the whole reasoning as the answer), and rows with tools need the tool-call parser."""
+    assert config.turns is not None
+    if family.has_think and config.turns.reasoning_parser is None:
+        raise UsageError(
+            f"--turns all: the model reasons ({describe_family(family)}), so each reply must be split by SGLang's "
+            "reasoning parser: give --reasoning-parser-name (kimi_k2, qwen3, deepseek-r1, glm45, ...), or set it in "
+            "the preset's [parsers]; --reasoning-parser-name none keeps the whole reply as the answer"
+        )
+    if config.turns.tool_call_parser is None and count_rows_with_tools(source):
+        raise UsageError(
+            f"--turns all: {config.prompts} has rows with tools, so each reply's tool calls must be parsed by SGLang's "
+            "tool-call parser: give --tool-call-parser-name (kimi_k2, qwen25, deepseekv3, glm45, ...), or set it in "
+            "the preset's [parsers]; --tool-call-parser-name none keeps calls as text"
+        )
 
 
 def is_greedy(params: Mapping[str, Any]) -> bool:

@@ -221,6 +221,27 @@ def plan_options(func: F) -> F:
             type=click.IntRange(min=0),
             help="Seeds the mix draw and SGLang's per-request sampling_seed [none; the mix draws with 0].",
         ),
+        click.option(
+            "--turns",
+            type=click.Choice(["last", "all"]),
+            help="Regenerate the last assistant turn, or every one, each from the model's own earlier replies "
+            "(records KEY@t1, KEY@t2, ...; README 'Multi-turn') [last].",
+        ),
+        click.option(
+            "--on-truncated-turn",
+            type=click.Choice(["stop", "continue"]),
+            help="--turns all: a turn cut off by max_new_tokens ends its conversation, or goes on as history [stop].",
+        ),
+        click.option(
+            "--reasoning-parser-name",
+            help="--turns all: SGLang reasoning parser that splits each reply (kimi_k2, qwen3, deepseek-r1, ...; "
+            "'none' for a model that does not reason) [the preset's [parsers]].",
+        ),
+        click.option(
+            "--tool-call-parser-name",
+            help="--turns all: SGLang tool-call parser (kimi_k2, qwen25, deepseekv3, glm45, ...; 'none') "
+            "[the preset's [parsers]].",
+        ),
     ]
     for option in reversed(options):
         func = option(func)

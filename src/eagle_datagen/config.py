@@ -277,6 +277,8 @@ class RunConfig:
     render: str = "client"
     #: Preflight: render this many sampled rows both ways and stop on the first difference (0: off).
     render_parity_rows: int = 32
+    #: ``--turns all`` (an :class:`eagle_datagen.generate.turns.TurnConfig`); ``None``: the last turn only.
+    turns: Any = None
 
     def __post_init__(self) -> None:
         for name in ("samples_per_prompt", "shard_size", "checkpoint_records", "suspect_after_crashes"):

@@ -29,6 +29,7 @@ from eagle_datagen.inputs.partition import Partition
 from eagle_datagen.inputs.render import parse_render_date
 from eagle_datagen.inputs.sources import Columns
 from eagle_datagen.record.family import PRESET_TOKEN_KEYS as FAMILY_TOKEN_KEYS
+from eagle_datagen.record.turns import TurnConfig
 from eagle_datagen.redaction import MASK, check_api_key, redact_options, redacted_args
 
 API_KEY_ENV = "EAGLE_DATAGEN_API_KEY"
@@ -78,6 +79,10 @@ DEFAULTS: dict[str, Any] = {
     "mix_per": None,
     "seed": None,
     "render_date": None,
+    "turns": "last",
+    "on_truncated_turn": "stop",
+    "reasoning_parser_name": None,
+    "tool_call_parser_name": None,
     "render": "client",
     "render_parity": True,
     "render_parity_rows": 32,
@@ -90,6 +95,8 @@ PRESET_SECTIONS = {
     "server": {"tp_size", "mem_fraction_static", "trust_remote_code", "server_arg", "startup_timeout_s"},
     "sampling": {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "sampling_params"},
     "run": {"samples_per_prompt", "shard_size", "concurrency", "max_retries", "request_timeout_s"},
+    # SGLang's parser names for --turns all (each reply split as serving splits it): option <key>_name
+    "parsers": {"reasoning_parser", "tool_call_parser"},
 }
 #: Tables whose keys are free (the template's own kwargs) or informational (token facts for readers).
 PRESET_FREE_TABLES = ("chat_template_kwargs",)
@@ -114,6 +121,8 @@ def load_preset(path: Path) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for section in PRESET_SECTIONS:
         for key, value in data.get(section, {}).items():
+            if section == "parsers":
+                key = f"{key}_name"
             options[key] = tuple(value) if key == "server_arg" else value
     kwargs = data.get("chat_template_kwargs")
     if kwargs:
@@ -271,8 +280,29 @@ def build_run_config(options: dict[str, Any]) -> RunConfig:
         seed=opts.get("seed"),
         render_date=parse_render_date(opts.get("render_date")),
         render=opts["render"],
+        turns=_turns(opts),
         render_parity_rows=opts["render_parity_rows"] if opts["render_parity"] else 0,
     )
+
+
+def _turns(opts: dict[str, Any]) -> TurnConfig | None:
+    """``--turns all``'s settings (``None`` for ``last``); parser name ``none`` turns that parser off."""
+    mode = opts.get("turns") or "last"
+    if mode not in ("last", "all"):
+        raise UsageError(f"--turns must be 'last' or 'all', got {mode!r}")
+    if mode == "last":
+        return None
+    on_truncated = opts.get("on_truncated_turn") or "stop"
+    if on_truncated not in ("stop", "continue"):
+        raise UsageError(f"--on-truncated-turn must be 'stop' or 'continue', got {on_truncated!r}")
+
+    def name(key: str) -> str | None:
+        value = opts.get(key)
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"--{key.replace('_', '-')} must be a parser name, got {value!r}")
+        return None if value in (None, "", "none") else value
+
+    return TurnConfig(name("reasoning_parser_name"), name("tool_call_parser_name"), on_truncated)
 
 
 def _api_key(opts: dict[str, Any]) -> str | None:

@@ -82,11 +82,23 @@ def format_summary(
             if stats.warnings
             else []
         ),
+        *([_conversations_line(stats)] if stats.ends or stats.conversations_failed else []),
         f"wall time: {wall_s:,.1f} s ({stats.output_tokens / max(wall_s, 1e-9):,.0f} output tok/s)",
     ]
     if unresolved:
         lines.append(format_failures(unresolved, out_dir))
     return "\n".join(lines)
+
+
+def _conversations_line(stats: Stats) -> str:
+    """``--turns all``: how this pass's conversations ended (conversations.jsonl has one line each)."""
+    ends = stats.ends
+    early = ", ".join(f"{k} {v}" for k, v in sorted(ends.items()) if k != "complete")
+    line = f"conversations ended this pass: {sum(ends.values())} ({ends.get('complete', 0)} complete"
+    line += f"; stopped early: {early})" if early else ")"
+    if stats.conversations_failed:
+        line += f"; {stats.conversations_failed} cut short by a failed turn (failures.jsonl; resume continues them)"
+    return line + " (see conversations.jsonl)"
 
 
 def format_failures(unresolved: Counter[str], out_dir: Path, *, kept_aside: bool = False) -> str:

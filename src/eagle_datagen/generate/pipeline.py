@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import secrets
@@ -26,15 +27,17 @@ from typing import Any
 import httpx
 import orjson
 
-from eagle_datagen.errors import BadInputError, OutputWriteError, PreflightFailed, RequestFailed
+from eagle_datagen.errors import BadInputError, OutputWriteError, PreflightFailed, RequestFailed, ServerError
 from eagle_datagen.generate.client import GenerateResult, generate, is_healthy
 from eagle_datagen.generate.pool import BACKPRESSURE_STATUSES, Endpoint, ServerPool, backoff_s, counts_toward_down
 from eagle_datagen.generate.transport import Transport
+from eagle_datagen.generate.turns import Conversation, TurnDriver, TurnResult, TurnState, end_entry
 from eagle_datagen.inputs.mix import Mix, RecordPlan
 from eagle_datagen.inputs.prompts import PromptReader, PromptRow
 from eagle_datagen.inputs.render import Rendered
 from eagle_datagen.record.checks import RecordSpec
 from eagle_datagen.record.tally import Tally
+from eagle_datagen.record.turns import plan_turns
 from eagle_datagen.store.logs import JsonlLog
 from eagle_datagen.store.shards import ShardStore
 
@@ -44,6 +47,8 @@ BATCH = 64
 BACKPRESSURE_RETRIES = 10
 PREFLIGHT_MAX_NEW_TOKENS = 16
 _END = object()
+#: A row to render, the (record id, sample) pairs its render serves, and their conversations (``--turns all``).
+_Staged = tuple[PromptRow, list[tuple[str, int]], list[Conversation] | None]
 #: Renders chunks of rows, in order (``Renderer.render_chunks`` or ``RenderPool.render_chunks``).
 ChunkRenderer = Callable[[Iterable[list[PromptRow]]], Iterator[list[Rendered]]]
 
@@ -62,6 +67,10 @@ class WorkItem:
     plan: RecordPlan | None = None
     #: 503/429 answers (back-pressure): retried on their own budget, BACKPRESSURE_RETRIES × --max-retries.
     busy: int = 0
+    #: ``--turns all``: the conversation this item carries through its turns (``record_id`` is its current turn's)
+    conversation: Conversation | None = None
+    #: the server its conversation's earlier turns ran on (the radix cache holds their prefix)
+    server: str | None = None
 
 
 @dataclass
@@ -78,6 +87,10 @@ class Stats:
     tally: Tally = field(default_factory=Tally)
     #: the record checks' warnings by kind (stop_in_reasoning, tool_call_ends_reasoning): written, and counted
     warnings: Counter[str] = field(default_factory=Counter)
+    #: ``--turns all``: conversations ended, by reason (complete, truncated, tool_calls_differ, ...)
+    ends: Counter[str] = field(default_factory=Counter)
+    #: ``--turns all``: conversations cut short by a failed turn (its failure is in failures.jsonl)
+    conversations_failed: int = 0
 
     def add(self, result: GenerateResult, server: str | None = None, variant: str | None = None) -> None:
         self.warnings.update(kind for kind, _ in result.warnings)
@@ -136,7 +149,11 @@ class Producer:
         stats: Stats,
         mix: Mix | None = None,
         record_plan: Callable[[str, int, str], RecordPlan | None] = lambda key, sample, rid: None,
+        turns: TurnState | None = None,
+        on_truncated: str = "stop",
     ) -> None:
+        self.turns = turns
+        self.on_truncated = on_truncated
         self.mix = mix
         self.record_plan = record_plan
         self.reader = reader
@@ -181,34 +198,64 @@ class Producer:
 
     def _rendered(self) -> Iterator[list[WorkItem]]:
         """The work items of each row, in file order."""
-        staged: deque[list[tuple[PromptRow, list[tuple[str, int]]]]] = deque()
+        staged: deque[list[_Staged]] = deque()
         for results in self.render_chunks(self._chunks(staged)):
-            for (row, wanted), rendered in zip(staged.popleft(), results, strict=True):
+            for (row, wanted, conversations), rendered in zip(staged.popleft(), results, strict=True):
                 if isinstance(rendered, BadInputError):
                     self._bad_row(rendered)
                     continue
-                yield self._checked_items(row, wanted, rendered)
+                yield self._checked_items(row, wanted, rendered, conversations)
 
-    def _chunks(self, staged: deque[list[tuple[PromptRow, list[tuple[str, int]]]]]) -> Iterator[list[PromptRow]]:
-        """Chunks of rows still to do; each chunk's (row, wanted ids) pairs are staged for its result."""
-        chunk: list[tuple[PromptRow, list[tuple[str, int]]]] = []
+    def _chunks(self, staged: deque[list[_Staged]]) -> Iterator[list[PromptRow]]:
+        """Chunks of rows still to do; each chunk's (row, wanted ids, conversations) are staged for its result."""
+        chunk: list[_Staged] = []
         for row in self.reader:
             if self.stop.is_set():
                 return
             wanted = self._wanted(row)
-            if wanted and self.mix is not None:  # one copy of the row per variant its samples take
-                chunk += self.mix.split(row, wanted)
-            elif wanted:
-                chunk.append((row, wanted))
+            pairs = (
+                self.mix.split(row, wanted) if wanted and self.mix is not None else [(row, wanted)] if wanted else []
+            )
+            for variant, subset in pairs:  # a mix: one copy of the row per variant its samples take
+                if self.turns is None:
+                    chunk.append((variant, subset, None))
+                else:
+                    chunk += self._conversations(variant, subset)
             if len(chunk) >= BATCH:
                 staged.append(chunk)
-                yield [row for row, _ in chunk]
+                yield [row for row, _, _ in chunk]
                 chunk = []
         if chunk:
             staged.append(chunk)
-            yield [row for row, _ in chunk]
+            yield [row for row, _, _ in chunk]
+
+    def _conversations(self, row: PromptRow, wanted: list[tuple[str, int]]) -> list[_Staged]:
+        """``--turns all``: what each wanted conversation sends next. Those starting afresh render together (turn 1
+        is the same conversation for every sample); one going on from an earlier run renders its next turn."""
+        assert self.turns is not None
+        plan = plan_turns(row.messages, str(self.reader.path), row.line)  # the reader validated it
+        fresh: list[tuple[str, int]] = []
+        fresh_conversations: list[Conversation] = []
+        out: list[_Staged] = []
+        for base, sample in wanted:
+            conversation = self.turns.start(row, plan, base, self.on_truncated)
+            if conversation is None:
+                self.stats.already_done += 1
+            elif conversation.turn == 1:
+                fresh.append((conversation.record_id, sample))
+                fresh_conversations.append(conversation)
+            else:
+                turn_row = dataclasses.replace(row, messages=conversation.messages)
+                out.append((turn_row, [(conversation.record_id, sample)], [conversation]))
+        if fresh:
+            out.insert(
+                0, (dataclasses.replace(row, messages=fresh_conversations[0].messages), fresh, fresh_conversations)
+            )
+        return out
 
     def _wanted(self, row: PromptRow) -> list[tuple[str, int]]:
+        if self.turns is not None:  # conversations: which turn each goes on from is the turn state's to say
+            return record_ids(row.key, self.samples_per_prompt)
         wanted = [(rid, s) for rid, s in record_ids(row.key, self.samples_per_prompt) if not self.skip(rid)]
         self.stats.already_done += self.samples_per_prompt - len(wanted)
         return wanted
@@ -219,7 +266,13 @@ class Producer:
         self.stats.rejects += 1
         self.reader.on_bad(exc)
 
-    def _checked_items(self, row: PromptRow, wanted: list[tuple[str, int]], prompt_ids: list[int]) -> list[WorkItem]:
+    def _checked_items(
+        self,
+        row: PromptRow,
+        wanted: list[tuple[str, int]],
+        prompt_ids: list[int],
+        conversations: list[Conversation] | None = None,
+    ) -> list[WorkItem]:
         limit = self.limits.max_input_len
         if limit is not None and len(prompt_ids) >= limit:
             self._set_aside(
@@ -235,9 +288,12 @@ class Producer:
                 row, "out_of_vocab", f"the prompt has id {max(prompt_ids)} >= the model's vocab_size {vocab}"
             )
             return []
-        return [
+        items = [
             WorkItem(rid, row.key, s, row.line, prompt_ids, plan=self.record_plan(row.key, s, rid)) for rid, s in wanted
         ]
+        for item, conversation in zip(items, conversations or (), strict=False):
+            item.conversation = conversation
+        return items
 
     def _set_aside(self, row: PromptRow, kind: str, message: str, **extra: Any) -> None:
         self.stats.rejects += 1
@@ -283,7 +339,11 @@ class Pipeline:
         preflight: bool,
         stats: Stats,
         on_progress: Callable[[], None] = lambda: None,
+        turns: TurnDriver | None = None,
+        ends: JsonlLog | None = None,
     ) -> None:
+        self.turns = turns
+        self.ends = ends
         self.producer = producer
         self.pool = pool
         self.http = http
@@ -501,7 +561,7 @@ class Pipeline:
             self._record_failure(item, RequestFailed("server_crash", message, retryable=False))
             return None
         async with self._requests:
-            endpoint = await self.pool.acquire(item.record_id)
+            endpoint = await self.pool.acquire(item.record_id, prefer=item.server)
             started = time.time()
             request = asyncio.create_task(
                 generate(
@@ -534,11 +594,72 @@ class Pipeline:
         exc = request.exception()
         if exc is None:
             self.pool.succeeded(endpoint, item.record_id)
+            if item.conversation is not None:
+                return await self._turn(item, request.result(), endpoint, started)
             self._write(item, request.result(), endpoint.url, started)
             return None
         if isinstance(exc, RequestFailed):
             return self._failed(item, endpoint, exc)
         raise exc
+
+    async def _turn(self, item: WorkItem, result: GenerateResult, endpoint: Endpoint, started: float) -> float | None:
+        """A conversation's turn came back: parse it, find the next turn, write this one; ``0.0`` sends the next.
+
+        The item stays among those in flight while it parses and renders (a stop lets it finish and write), but
+        holds no request slot, so the other conversations keep the servers full."""
+        assert self.turns is not None and item.conversation is not None
+        conversation = item.conversation
+        me = asyncio.current_task()
+        assert me is not None
+        self._sending.add(me)
+        try:
+            outcome = await self._parse_and_advance(item, result, endpoint)
+        finally:
+            self._sending.discard(me)
+        if outcome is None:  # the parsers could not be reached: recorded as this turn's failure
+            return None
+        self._write(item, result, endpoint.url, started, outcome)
+        if outcome.end is not None:
+            self.stats.ends[outcome.end] += 1
+            if self.ends is not None:
+                last = {
+                    "id": item.record_id,
+                    "conversation": item.key,
+                    "sample": item.sample,
+                    "turn": conversation.turn,
+                }
+                self.ends.append(end_entry(last, outcome.end, outcome.detail))
+            return None
+        assert outcome.next_messages is not None and outcome.next_prompt_ids is not None
+        conversation.turn += 1
+        conversation.messages = outcome.next_messages
+        item.record_id = conversation.record_id
+        item.prompt_ids = outcome.next_prompt_ids
+        item.attempts = item.busy = 0
+        item.server = endpoint.url
+        item.plan = self.producer.record_plan(item.key, item.sample, item.record_id)
+        try:
+            self.on_progress()
+        except Exception as exc:
+            self._fail_run(exc)
+        return 0.0
+
+    async def _parse_and_advance(self, item: WorkItem, result: GenerateResult, endpoint: Endpoint) -> TurnResult | None:
+        """The parsed reply and what follows; the parsers are retried like a request (backoff, --max-retries)."""
+        assert self.turns is not None and item.conversation is not None
+        url = endpoint.url
+        for attempt in range(self.max_retries + 1):
+            try:
+                reply = await self.turns.parse(url, item.conversation, item.prompt_ids, result.output_ids)
+                break
+            except ServerError as exc:
+                if attempt == self.max_retries:
+                    self._record_failure(item, RequestFailed("parse_failed", str(exc), retryable=False))
+                    return None
+                self.stats.retries += 1
+                await asyncio.sleep(backoff_s(attempt + 1))
+                url = next((e.url for e in self.pool.endpoints if e.up), url)
+        return await self.turns.advance(item.conversation, reply, str(result.finish_reason.get("type")))
 
     def _failed(self, item: WorkItem, endpoint: Endpoint, exc: RequestFailed) -> float | None:
         endpoint.last_progress = time.monotonic()
@@ -565,25 +686,31 @@ class Pipeline:
         return backoff_s(item.attempts)
 
     def _record_failure(self, item: WorkItem, exc: RequestFailed) -> None:
-        self.failures.append(
-            {
-                "id": item.record_id,
-                "key": item.key,
-                "sample": item.sample,
-                "line": item.line,
-                "kind": exc.kind,
-                "message": exc.message,
-                "status": exc.status,
-                "attempts": item.attempts + 1,
-            }
-        )
-        self.stats.failures += 1
-
-    def _write(self, item: WorkItem, result: GenerateResult, server: str, started: float) -> None:
-        record = {
+        entry: dict[str, Any] = {
             "id": item.record_id,
             "key": item.key,
             "sample": item.sample,
+            "line": item.line,
+            "kind": exc.kind,
+            "message": exc.message,
+            "status": exc.status,
+            "attempts": item.attempts + 1,
+        }
+        if item.conversation is not None:  # the rest of the conversation fails with it (resume retries it)
+            entry["turn"] = item.conversation.turn
+            entry["conversation"] = item.key
+            self.stats.conversations_failed += 1
+        self.failures.append(entry)
+        self.stats.failures += 1
+
+    def _write(
+        self, item: WorkItem, result: GenerateResult, server: str, started: float, turn: TurnResult | None = None
+    ) -> None:
+        record: dict[str, Any] = {"id": item.record_id, "key": item.key, "sample": item.sample}
+        if item.conversation is not None and turn is not None:
+            record.update(item.conversation.fields())
+            record["end"] = turn.end
+        record.update({
             "prompt_ids": item.prompt_ids,
             "output_ids": result.output_ids,
             "finish_reason": result.finish_reason,
@@ -592,7 +719,12 @@ class Pipeline:
             "started": round(started, 3),
             "finished": round(time.time(), 3),
             "server": server,
-        }
+        })  # fmt: skip
+        if item.conversation is not None and turn is not None:
+            record["messages"] = item.conversation.messages  # what prompt_ids was rendered from
+            record["reply"] = turn.reply  # this turn as the parsers split it: the next turn's history message
+            if turn.detail:
+                record["end_detail"] = turn.detail
         if item.plan is not None:  # variant, its template kwargs, the sampling params sent
             record.update(item.plan.fields)
         self.store.append(item.record_id, orjson.dumps(record) + b"\n")
@@ -608,6 +740,8 @@ class Pipeline:
         """fsync the shard and the failure log."""
         self.store.checkpoint()
         self.failures.checkpoint()
+        if self.ends is not None:
+            self.ends.checkpoint()
         self._unsynced = 0
         self._last_sync = time.monotonic()
 

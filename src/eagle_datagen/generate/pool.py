@@ -168,9 +168,10 @@ class ServerPool:
     def in_flight(self) -> int:
         return sum(e.in_flight for e in self.endpoints)
 
-    async def acquire(self, key: str | None = None) -> Endpoint:
-        """An endpoint for the request for ``key``: the open one with the fewest requests in flight; a suspect
-        gets an endpoint with nothing else in flight. Waits while there is none."""
+    async def acquire(self, key: str | None = None, *, prefer: str | None = None) -> Endpoint:
+        """An endpoint for the request for ``key``: ``prefer`` (a URL: where a conversation's earlier turns ran,
+        whose radix cache holds their prefix) when it is open, else the open one with the fewest requests in
+        flight; a suspect gets an endpoint with nothing else in flight. Waits while there is none."""
         while True:
             if self.fatal is not None:
                 raise self.fatal
@@ -178,7 +179,7 @@ class ServerPool:
             if not solo:
                 self._unreserve(key)
             now = time.monotonic()
-            endpoint = self._solo_endpoint(key, now) if solo else self._open_endpoint(now)
+            endpoint = self._solo_endpoint(key, now) if solo else self._open_endpoint(now, prefer)
             if endpoint is not None:
                 endpoint.in_flight += 1
                 if solo:
@@ -187,10 +188,14 @@ class ServerPool:
                 return endpoint
             await self._wait_for_change(now)
 
-    def _open_endpoint(self, now: float) -> Endpoint | None:
+    def _open_endpoint(self, now: float, prefer: str | None = None) -> Endpoint | None:
         candidates = [e for e in self.endpoints if e.open_for(now)]
         if not candidates:
             return None
+        if prefer is not None:
+            sticky = next((e for e in candidates if e.url == prefer), None)
+            if sticky is not None:
+                return sticky
         low = min(e.in_flight for e in candidates)
         return random.choice([e for e in candidates if e.in_flight == low])
 

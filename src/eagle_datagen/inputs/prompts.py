@@ -26,6 +26,7 @@ import orjson
 from eagle_datagen.errors import BadInputError, UsageError
 from eagle_datagen.inputs.partition import Partition
 from eagle_datagen.inputs.sources import Columns, open_source
+from eagle_datagen.record.turns import plan_turns
 
 Message = dict[str, Any]
 
@@ -85,6 +86,8 @@ class PromptReader:
     is_done: Callable[[str], bool] | None = None
     columns: Columns = field(default_factory=Columns)
     partition: Partition | None = None
+    #: ``--turns all``: each row must also split into turns (:func:`eagle_datagen.record.turns.plan_turns`)
+    turns: bool = False
     stats: ReadStats = field(default_factory=ReadStats)
     _seen: dict[str, tuple[int, bool]] = field(default_factory=dict, repr=False)
 
@@ -98,6 +101,8 @@ class PromptReader:
                 continue
             try:
                 row = parse_row(raw, file, line_no)
+                if self.turns:
+                    plan_turns(row.messages, file, line_no)
                 if not self._is_new(row):
                     continue
             except BadInputError as exc:

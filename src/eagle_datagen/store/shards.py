@@ -319,6 +319,28 @@ class ShardStore:
         self._hash = hashlib.sha256()
 
 
+def read_records(directory: Path, wanted: set[str]) -> dict[str, dict[str, Any]]:
+    """The records with the ids in ``wanted``, read back from the shards of ``directory`` (newest shard first,
+    stopping once all are found; a line is parsed only when its id prefix is wanted)."""
+    found: dict[str, dict[str, Any]] = {}
+    if not wanted or not directory.is_dir():
+        return found
+    shards = sorted((p for p in directory.iterdir() if SHARD_RE.match(p.name)), key=lambda p: p.name, reverse=True)
+    for path in shards:
+        with path.open("rb") as handle:
+            for line in handle:
+                rid = record_id(line)
+                if rid is None or rid not in wanted or rid in found or not line.endswith(b"\n"):
+                    continue
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    value = orjson.loads(line)
+                    if isinstance(value, dict):
+                        found[rid] = value
+        if len(found) == len(wanted):
+            break
+    return found
+
+
 def shard_ids(path: Path, records: int) -> list[str]:
     """The ids of the finalized shard ``path``: its ``.ids`` sidecar when it is whole and holds ``records`` ids
     (the manifest's count), else read from the shard itself (the shards are the truth)."""

@@ -53,8 +53,10 @@ from eagle_datagen.inputs.render import (
 from eagle_datagen.inputs.sources import Columns, open_source
 from eagle_datagen.record.checks import Problem, RecordSpec, check_record
 from eagle_datagen.record.family import Family, detect_family
+from eagle_datagen.record.turns import turn_id
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
 from eagle_datagen.store.shards import SHARD_RE, ShardInfo, record_id
+from eagle_datagen.verify.turns import TurnChecker
 
 SHARDS_DIR = "shards"
 RENDER_BATCH = 256
@@ -367,6 +369,8 @@ class RunContext:
     stop_strings: bool = False
     family: Family | None = None
     rerender: Rerenderer | None = None
+    #: ``--turns all`` runs: each turn against its row and the turn before it (verify/turns.py)
+    turns: TurnChecker | None = None
 
     def spec(self) -> RecordSpec:
         """What each record is checked against: the same :class:`RecordSpec` the client used."""
@@ -580,7 +584,17 @@ class Setup:
         if not index.matches(plan.get("prompts") or {}):
             self._warn_changed("prompts_changed", prompts, "the prompts file differs from the one")
         renderer = renderer_for_plan(self._tokenizer(tokenizer), plan)  # the run's kwargs and pinned date
-        context.rerender = Rerenderer(self._server_hook(renderer, plan, run_dir), index, self._render_error)
+        row_renderer = self._server_hook(renderer, plan, run_dir)
+        context.rerender = Rerenderer(row_renderer, index, self._render_error)
+        turns = plan.get("turns")
+        if isinstance(turns, dict):
+            context.turns = TurnChecker(
+                row_renderer,
+                index,
+                on_truncated=str(turns.get("on_truncated_turn") or "stop"),
+                error=self._render_error,
+                warn=self._warning,
+            )
 
     def _server_hook(self, renderer: Renderer, plan: dict[str, Any], run_dir: Path) -> RowRenderer:
         """With ``--server-url``, the server renders every prompt too (:class:`ParityRenderer`); prompts a run
@@ -614,6 +628,9 @@ class Setup:
 
     def _render_error(self, kind: str, path: str, line: int, rid: str, message: str) -> None:
         self.report.add("error", Finding(kind, path, line, rid, message))
+
+    def _warning(self, kind: str, path: str, line: int, rid: str, message: str) -> None:
+        self.report.add("warning", Finding(kind, path, line, rid, message))
 
 
 def _shard_files(directory: Path) -> list[Path]:
@@ -683,6 +700,8 @@ class Checker:
             self._compare_recorded(result, target.recorded, digest.hexdigest())
         if self.context.rerender is not None:
             self.context.rerender.flush()
+        if self.context.turns is not None:
+            self.context.turns.flush()
         self.report.shards.append(result)
         self.report.records += line
         self.report.bytes += result.bytes
@@ -741,7 +760,8 @@ class Checker:
         ):
             self.error("schema", line, rid if isinstance(rid, str) else None, _schema_message(record))
             return
-        self._identity(rid, key, sample, line)
+        turn = record.get("turn")
+        self._identity(rid, key, sample, line, turn if type(turn) is int else None)
         if not output:
             self.error("empty_output", line, rid, "output_ids is empty")
             return
@@ -760,19 +780,22 @@ class Checker:
             self.error(kind, line, rid, message)
         for kind, message in verdict.warnings:
             self.warn(kind, line, rid, message)
-        if self.context.rerender is not None:
+        if "turn" in record:  # --turns all: rendered from its own messages, checked against its row and turns
+            if self.context.turns is not None:
+                self.context.turns.add(self.path, line, rid, key, record)
+        elif self.context.rerender is not None:
             kwargs = record.get("chat_template_kwargs")  # a mix: the record's own variant
             self.context.rerender.add(self.path, line, rid, key, prompt, kwargs if type(kwargs) is dict else None)
 
-    def _identity(self, rid: str, key: str, sample: int, line: int) -> None:
+    def _identity(self, rid: str, key: str, sample: int, line: int, turn: int | None = None) -> None:
         first = self.seen.get(rid)
         if first is None:
             self.seen[rid] = (len(self.files) - 1) << 32 | line  # (file, line) of the first use, packed
         else:
             self.error("duplicate_id", line, rid, f"id already used on {self.files[first >> 32]}:{first & 0xFFFFFFFF}")
         spp = self.context.samples_per_prompt
-        if spp is not None and (sample != 0 or rid != key or spp != 1):
-            problem = _id_key_problem(rid, key, sample, spp)
+        if spp is not None and (sample != 0 or rid != key or spp != 1 or turn is not None):
+            problem = _id_key_problem(rid, key, sample, spp, turn)
             if problem is not None:
                 self.error("id_mismatch", line, rid, problem)
 
@@ -781,6 +804,8 @@ class Checker:
         for context in contexts:
             if context.rerender is not None:
                 context.rerender.flush()
+            if context.turns is not None:
+                context.turns.settle()
 
 
 def _compact_int_lists(raw: bytes, prompt: list[Any], output: list[Any]) -> bool:
@@ -820,14 +845,17 @@ def _exact_types_problem(prompt: list[Any], output: list[Any]) -> Problem | None
     return None
 
 
-def _id_key_problem(rid: str, key: str, sample: int, samples_per_prompt: int) -> str | None:
+def _id_key_problem(rid: str, key: str, sample: int, samples_per_prompt: int, turn: int | None = None) -> str | None:
     from eagle_datagen.generate.pipeline import record_ids
 
     if not 0 <= sample < samples_per_prompt:
         return f"sample {sample} is outside [0, {samples_per_prompt}) (samples per prompt in the manifest)"
     expected = record_ids(key, samples_per_prompt)[sample][0]
+    if turn is not None:
+        expected = turn_id(expected, turn)
     if rid != expected:
-        return f"the id does not follow from key {key!r} and sample {sample} (expected {expected!r})"
+        what = f"key {key!r}, sample {sample}" + (f" and turn {turn}" if turn is not None else "")
+        return f"the id does not follow from {what} (expected {expected!r})"
     return None
 
 
