@@ -2,6 +2,14 @@
 
 Register with `pytest_plugins = ["real_sglang"]` (tests/ on sys.path). Create the venv with
 scripts/setup-sglang-cpu.sh. Without it the fixtures skip, or fail when the CI env var is set.
+
+Session fixtures for tool-call / multi-turn tests (a scripted float32 model whose reply to a prompt ending in
+`<think>` is reasoning, `</think>`, an answer and one `get_weather` call, then `<|im_end|>`; every turn the same):
+- `tool_kimi_model`, `tool_chatml_model`: the model directories, built by
+  `tiny.build_tiny_model(out, template=..., weights="scripted", script="tool_call")`. The reply text, the tool
+  to pass (`tools`) and SGLang's parser names are in `eagle_datagen.testing.tiny.tool_script(template)`:
+  kimi -> Kimi-K2 markup, parsers `kimi_k2`/`kimi_k2`; chatml -> Qwen's `<tool_call>` JSON, `qwen3`/`qwen25`.
+- `tool_kimi_server`, `tool_chatml_server`: a real SGLang server on each (no --reasoning-parser, float32).
 """
 
 from __future__ import annotations
@@ -166,6 +174,21 @@ def build_model_in_venv(out_dir: Path, *cli_args: str) -> Path:
     return out_dir
 
 
+_BUILD_TINY_MODEL = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from eagle_datagen.testing.tiny import build_tiny_model
+print(build_tiny_model(Path(sys.argv[2]), **json.loads(sys.argv[3])))
+"""
+
+
+def build_tiny_model_in_venv(out_dir: Path, **kwargs: str | bool | int) -> Path:
+    """`tiny.build_tiny_model(out_dir, **kwargs)` run in .venv-sglang (it needs torch), from this checkout's src/."""
+    run_venv_python(["-c", _BUILD_TINY_MODEL, str(ROOT / "src"), str(out_dir), json.dumps(kwargs)])
+    return out_dir
+
+
 def hf_greedy(model_dir: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
     """transformers' float32 greedy `generate()` ids per prompt (one at a time), ending at the first EOS."""
     request = {"model_dir": str(model_dir), "prompts": [list(p) for p in prompts], "max_new_tokens": max_new_tokens}
@@ -197,4 +220,34 @@ def sglang_server(tiny_kimi_model: Path, tmp_path_factory: pytest.TempPathFactor
     """A real SGLang server on `tiny_kimi_model`, once per session."""
     log_path = tmp_path_factory.mktemp("sglang-logs") / "server.log"
     with start_sglang_server(tiny_kimi_model, log_path=log_path) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tool_kimi_model(sglang_venv_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scripted tool-call model (kimi template, float32): it replies `tiny.tool_script("kimi").reply`."""
+    out = tmp_path_factory.mktemp("tool-kimi") / "model"
+    return build_tiny_model_in_venv(out, template="kimi", weights="scripted", script="tool_call")
+
+
+@pytest.fixture(scope="session")
+def tool_chatml_model(sglang_venv_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scripted tool-call model (Qwen-style chatml template, float32): it replies `tool_script("chatml").reply`."""
+    out = tmp_path_factory.mktemp("tool-chatml") / "model"
+    return build_tiny_model_in_venv(out, template="chatml", weights="scripted", script="tool_call")
+
+
+@pytest.fixture(scope="session")
+def tool_kimi_server(tool_kimi_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
+    """A real SGLang server on `tool_kimi_model`, once per session."""
+    log_path = tmp_path_factory.mktemp("sglang-logs") / "tool-kimi.log"
+    with start_sglang_server(tool_kimi_model, log_path=log_path) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tool_chatml_server(tool_chatml_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServer]:
+    """A real SGLang server on `tool_chatml_model`, once per session."""
+    log_path = tmp_path_factory.mktemp("sglang-logs") / "tool-chatml.log"
+    with start_sglang_server(tool_chatml_model, log_path=log_path) as server:
         yield server

@@ -2,19 +2,33 @@
 
 `build_tiny_tokenizer` needs only `tokenizers`/`transformers`; `build_tiny_model` also needs torch (imported
 lazily). The saved tokenizer loads with transformers 4.x and 5.x through `AutoTokenizer.from_pretrained`.
+
+Two scripts for `weights="scripted"` (the model is a bigram chain: each token of the script maps to the next):
+
+* `script="answer"` (default): `<think>` -> reasoning, `</think>`, an answer -> EOS (`SCRIPT_TEXT`, repeated
+  tokens dropped).
+* `script="tool_call"`: reasoning, `</think>`, a short answer and one `get_weather` call in the template family's
+  markup, then EOS (`tool_script(template)` has the reply text, the tool, the call and SGLang's parser names).
+  Its tokenizer gains the family's tool-call markers (Kimi-K2's `<|tool_call_begin|>`... as specials, Qwen's
+  `<tool_call>`/`</tool_call>` as added tokens) and the call's id/argument strings as added tokens, so that no
+  token repeats in the chain. Every id of the `answer` build keeps its value (the new tokens come after, or at
+  Kimi's real ids with `kimi_ids=True`).
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 Template = Literal["chatml", "kimi"]
 Weights = Literal["random", "scripted"]
+Script = Literal["answer", "tool_call"]
 DType = Literal["float32", "bfloat16"]
 
 THINK = "<think>"
@@ -52,6 +66,89 @@ BPE_VOCAB_SIZE = 512
 
 # The scripted model answers `<think>` with these pieces (repeated tokens are dropped), then EOS.
 SCRIPT_TEXT = ("Let me think about the question", END_THINK, "The answer is 42.")
+
+# Kimi-K2's tool-call markers (`<|tool_calls_section_begin|>` is in every Kimi build), ids as in Kimi-K2.5. Special
+# here like `<|tool_calls_section_begin|>` (Kimi-K2.5 has them as added non-special tokens; decode keeps either).
+TOOL_CALLS_END = "<|tool_calls_section_end|>"
+TOOL_CALL_BEGIN = "<|tool_call_begin|>"
+TOOL_CALL_ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
+TOOL_CALL_END = "<|tool_call_end|>"
+KIMI_TOOL_SPECIALS = (TOOL_CALLS_END, TOOL_CALL_BEGIN, TOOL_CALL_ARGUMENT_BEGIN, TOOL_CALL_END)
+KIMI_TOOL_IDS: dict[str, int] = {
+    TOOL_CALLS_END: 163596,
+    TOOL_CALL_BEGIN: 163597,
+    TOOL_CALL_ARGUMENT_BEGIN: 163598,
+    TOOL_CALL_END: 163599,
+}
+# Qwen's tool-call tags: added tokens, not special ones (as in Qwen3's tokenizer).
+QWEN_TOOL_CALL = "<tool_call>"
+QWEN_TOOL_CALL_END = "</tool_call>"
+
+TOOL_REASONING = "Let me check the weather first"
+TOOL_ANSWER = "Checking Paris."
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+WEATHER_ARGUMENTS = '{"city": "Paris"}'
+_KIMI_CALL_ID = "functions.get_weather:0"
+_QWEN_CALL_BODY = '\n{"name": "get_weather", "arguments": ' + WEATHER_ARGUMENTS + "}\n"
+TOOL_CALL_MARKUP: dict[str, str] = {
+    "kimi": (
+        f"{TOOL_CALLS_BEGIN}{TOOL_CALL_BEGIN}{_KIMI_CALL_ID}{TOOL_CALL_ARGUMENT_BEGIN}{WEATHER_ARGUMENTS}"
+        f"{TOOL_CALL_END}{TOOL_CALLS_END}"
+    ),
+    "chatml": f"{QWEN_TOOL_CALL}{_QWEN_CALL_BODY}{QWEN_TOOL_CALL_END}",
+}
+# Per template: (extra special tokens, extra non-special added tokens) of the `tool_call` tokenizer. The id and
+# argument strings are single tokens so that no BPE token repeats in the chain (a bigram chain cannot repeat one).
+_TOOL_TOKENS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "kimi": (KIMI_TOOL_SPECIALS, (_KIMI_CALL_ID, WEATHER_ARGUMENTS)),
+    "chatml": ((), (QWEN_TOOL_CALL, QWEN_TOOL_CALL_END, _QWEN_CALL_BODY)),
+}
+# SGLang 0.5.23's parser names for each template's markup (`--reasoning-parser`, `--tool-call-parser`).
+_TOOL_PARSERS: dict[str, tuple[str, str]] = {"kimi": ("kimi_k2", "kimi_k2"), "chatml": ("qwen3", "qwen25")}
+
+
+@dataclass(frozen=True)
+class ToolScript:
+    """What a `script="tool_call"` model replies to a prompt ending in `<think>`, and how SGLang parses it.
+
+    `reply` is the decoded output (special tokens kept) less the final EOS; the prompt holds the opening
+    `<think>`, so the parsers need `"<think>" + reply`. SGLang's `reasoning_parser` and `tool_call_parser`
+    (given `tools`) split that into exactly `reasoning`, `answer` and one call of `call_name` whose arguments
+    are the JSON text `call_arguments` (measured on SGLang 0.5.23).
+    """
+
+    template: Template
+    reply: str
+    reasoning: str
+    answer: str
+    call_name: str
+    call_arguments: str
+    reasoning_parser: str
+    tool_call_parser: str
+    tools: list[dict[str, Any]] = field(default_factory=lambda: [copy.deepcopy(WEATHER_TOOL)])
+
+
+def tool_script(template: Template) -> ToolScript:
+    """The `tool_call` script of `template` (`kimi`: Kimi-K2 markup; `chatml`: Qwen's `<tool_call>` JSON)."""
+    reasoning_parser, tool_call_parser = _TOOL_PARSERS[template]
+    return ToolScript(
+        template=template,
+        reply=f"{TOOL_REASONING}{END_THINK}{TOOL_ANSWER}{TOOL_CALL_MARKUP[template]}",
+        reasoning=TOOL_REASONING,
+        answer=TOOL_ANSWER,
+        call_name="get_weather",
+        call_arguments=WEATHER_ARGUMENTS,
+        reasoning_parser=reasoning_parser,
+        tool_call_parser=tool_call_parser,
+    )
+
 
 _THINKING_SWITCH = (
     "{%- set ns = namespace(think=true) -%}"
@@ -226,30 +323,46 @@ def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return {str(k): int(v) for k, v in model["vocab"].items()}, merges
 
 
-def _full_vocab(bpe_vocab: dict[str, int], specials: tuple[str, ...], kimi_ids: bool) -> dict[str, int]:
-    """BPE vocab plus specials: appended, or at Kimi's ids with `<|reserved_token_N|>` fillers to 163,840."""
+def _vocab_tokens(template: Template, script: Script) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(special tokens, non-special added tokens) of a tokenizer, in id order."""
+    specials = KIMI_SPECIALS if template == "kimi" else CHATML_SPECIALS
+    if script == "answer":
+        return specials, ()
+    tool_specials, added = _TOOL_TOKENS[template]
+    return (*specials, *tool_specials), added
+
+
+def _full_vocab(
+    bpe_vocab: dict[str, int], specials: tuple[str, ...], kimi_ids: bool, added: tuple[str, ...] = ()
+) -> dict[str, int]:
+    """BPE vocab plus specials then `added`: appended, or specials at Kimi's ids with `<|reserved_token_N|>`
+    fillers to 163,840 (`added` take the first filler slots, where Kimi's ordinary tokens are)."""
     vocab = dict(bpe_vocab)
     if not kimi_ids:
-        for tok in specials:
+        for tok in (*specials, *added):
             vocab[tok] = len(vocab)
         return vocab
-    by_id = {KIMI_IDS[tok]: tok for tok in specials}
+    real_ids = {**KIMI_IDS, **KIMI_TOOL_IDS}
+    by_id = {real_ids[tok]: tok for tok in specials}
+    by_id.update({len(vocab) + i: tok for i, tok in enumerate(added)})
     for idx in range(len(vocab), KIMI_VOCAB_SIZE):
         vocab[by_id.get(idx, f"<|reserved_token_{idx}|>")] = idx
     return vocab
 
 
-def _make_fast_tokenizer(template: Template, kimi_ids: bool) -> Any:
+def _make_fast_tokenizer(template: Template, kimi_ids: bool, script: Script = "answer") -> Any:
     """Build the `PreTrainedTokenizerFast` (transformers) for a template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = KIMI_SPECIALS if template == "kimi" else CHATML_SPECIALS
+    specials, added = _vocab_tokens(template, script)
     bpe_vocab, merges = _train_bpe(BPE_VOCAB_SIZE)
-    tok = Tokenizer(models.BPE(vocab=_full_vocab(bpe_vocab, specials, kimi_ids), merges=merges))
+    tok = Tokenizer(models.BPE(vocab=_full_vocab(bpe_vocab, specials, kimi_ids, added), merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    if added:
+        tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in added])
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -259,11 +372,11 @@ def _make_fast_tokenizer(template: Template, kimi_ids: bool) -> Any:
     )
 
 
-def _rewrite_tokenizer_config(out_dir: Path, template: Template) -> None:
+def _rewrite_tokenizer_config(out_dir: Path, template: Template, script: Script = "answer") -> None:
     """Make tokenizer_config.json loadable by transformers 4.x and 5.x (class, specials, template inside)."""
     path = out_dir / "tokenizer_config.json"
     cfg = json.loads(path.read_text())
-    specials = KIMI_SPECIALS if template == "kimi" else CHATML_SPECIALS
+    specials, _ = _vocab_tokens(template, script)
     for key in ("extra_special_tokens", "backend"):  # 5.x-only keys
         cfg.pop(key, None)
     cfg.update(
@@ -276,14 +389,21 @@ def _rewrite_tokenizer_config(out_dir: Path, template: Template) -> None:
     (out_dir / "chat_template.jinja").unlink(missing_ok=True)
 
 
-def build_tiny_tokenizer(out_dir: Path, *, template: Template = "kimi", kimi_ids: bool = False) -> Path:
-    """Train and save a tiny tokenizer with a chat template into `out_dir`; return `out_dir`."""
+def build_tiny_tokenizer(
+    out_dir: Path, *, template: Template = "kimi", kimi_ids: bool = False, script: Script = "answer"
+) -> Path:
+    """Train and save a tiny tokenizer with a chat template into `out_dir`; return `out_dir`.
+
+    `script="tool_call"` adds the tokens of the tool-call script (see the module docstring); `"answer"` builds
+    the plain vocabulary."""
     if kimi_ids and template != "kimi":
         raise ValueError("kimi_ids=True needs template='kimi'")
+    if script not in ("answer", "tool_call"):
+        raise ValueError(f"script={script!r}: use 'answer' or 'tool_call'")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _make_fast_tokenizer(template, kimi_ids).save_pretrained(str(out_dir))
-    _rewrite_tokenizer_config(out_dir, template)
+    _make_fast_tokenizer(template, kimi_ids, script).save_pretrained(str(out_dir))
+    _rewrite_tokenizer_config(out_dir, template, script)
     return out_dir
 
 
@@ -300,10 +420,46 @@ def _token_ids(tokenizer_dir: Path) -> dict[str, int]:
     return {**data["model"]["vocab"], **{t["content"]: t["id"] for t in data["added_tokens"]}}
 
 
-def script_ids(tokenizer_dir: Path) -> list[int]:
-    """The scripted model's chain: `<think>`, the distinct script tokens, then EOS (`<|im_end|>`)."""
+def _saved_template(tokenizer_dir: Path) -> Template:
+    """Which of `TEMPLATES` a saved tiny tokenizer carries."""
+    chat_template = json.loads((tokenizer_dir / "tokenizer_config.json").read_text()).get("chat_template")
+    if chat_template == KIMI_TEMPLATE:
+        return "kimi"
+    if chat_template == CHATML_TEMPLATE:
+        return "chatml"
+    raise ValueError(f"{tokenizer_dir}: not a tiny tokenizer (its chat template is neither 'kimi' nor 'chatml')")
+
+
+def _tool_script_ids(tokenizer_dir: Path) -> list[int]:
+    """`<think>`, the tokens of `tool_script(template).reply`, EOS; every token once, decoding to the reply."""
     from tokenizers import Tokenizer
 
+    template = _saved_template(tokenizer_dir)
+    reply = tool_script(template).reply
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    ids = _token_ids(tokenizer_dir)
+    missing = [t for t in _vocab_tokens(template, "tool_call")[1] if t not in ids]
+    if missing:
+        raise ValueError(f"{tokenizer_dir}: no tool-call tokens {missing}; build it with script='tool_call'")
+    body = tok.encode(reply, add_special_tokens=False).ids
+    chain = [ids[THINK], *body, ids[IM_END]]
+    if len(set(chain)) != len(chain):
+        raise ValueError(f"the tool-call script repeats a token ({chain}): a bigram chain cannot hold it")
+    decoded = tok.decode(body, skip_special_tokens=False)
+    if decoded != reply:
+        raise ValueError(f"the tool-call script decodes to {decoded!r}, not {reply!r}")
+    return chain
+
+
+def script_ids(tokenizer_dir: Path, script: Script = "answer") -> list[int]:
+    """The scripted model's chain: `<think>`, the script's tokens, then EOS (`<|im_end|>`).
+
+    `"answer"`: the distinct tokens of `SCRIPT_TEXT`; `"tool_call"`: those of `tool_script(template).reply`
+    (the template read from the saved tokenizer), which holds no repeated token."""
+    from tokenizers import Tokenizer
+
+    if script == "tool_call":
+        return _tool_script_ids(Path(tokenizer_dir))
     tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
     ids = _token_ids(Path(tokenizer_dir))
     chain: list[int] = [ids[THINK]]
@@ -379,17 +535,21 @@ def build_tiny_model(
     dtype: DType = "float32",
     seed: int = 0,
     generation_defaults: Mapping[str, Any] | None = None,
+    script: Script = "answer",
 ) -> Path:
-    """Save a tiny LlamaForCausalLM (safetensors) plus its tokenizer into `out_dir`; return `out_dir`."""
+    """Save a tiny LlamaForCausalLM (safetensors) plus its tokenizer into `out_dir`; return `out_dir`.
+
+    With `weights="scripted"` the model replies `script` (`"answer"`, or `"tool_call"`: see `tool_script`) to a
+    prompt ending in `<think>`; `tiny_model.json` records the chain (`script_ids`)."""
     import torch
     from transformers import LlamaForCausalLM
 
-    out_dir = build_tiny_tokenizer(out_dir, template=template, kimi_ids=kimi_ids)
+    out_dir = build_tiny_tokenizer(out_dir, template=template, kimi_ids=kimi_ids, script=script)
     eos_id = _token_ids(out_dir)[IM_END]
     torch.manual_seed(seed)
     model = LlamaForCausalLM(_llama_config(_vocab_size(out_dir), eos_id)).to(torch.float32)
     if weights == "scripted":
-        _script_weights(model, script_ids(out_dir))
+        _script_weights(model, script_ids(out_dir, script))
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(out_dir), safe_serialization=True)
     _write_generation_config(out_dir, eos_id, generation_defaults)
@@ -400,7 +560,9 @@ def build_tiny_model(
         "dtype": dtype,
         "seed": seed,
     }
+    if script != "answer":  # the plain build's metadata stays as it was
+        meta["script"] = script
     if weights == "scripted":
-        meta["script_ids"] = script_ids(out_dir)
+        meta["script_ids"] = script_ids(out_dir, script)
     (out_dir / "tiny_model.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out_dir
