@@ -1,0 +1,198 @@
+"""``--turns all`` end to end against the fake SGLang server (its /generate shaped as the tiny Kimi-style family
+writes, its parser endpoints on text): every turn once, history built from the parsed replies, resume, verify."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from conftest import read_records, write_jsonl
+from eagle_datagen.cli import main
+from eagle_datagen.inputs.render import load_tokenizer
+from eagle_datagen.testing import fake_parsers
+from eagle_datagen.testing.fake_sglang import expected_output
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def run_args(prompts: Path, out: Path, tokenizer: Path, server: Any, *extra: str) -> list[str]:
+    return [
+        "run", "--prompts", str(prompts), "--out", str(out), "--tokenizer", str(tokenizer),
+        "--server-url", server.url, "--no-progress", "--turns", "all", "--reasoning-parser-name", "kimi_k2",
+        "--max-new-tokens", "128", *extra,
+    ]  # fmt: skip
+
+
+def conversation(i: int, users: int) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}] if i % 3 == 0 else []
+    for u in range(users):
+        messages.append({"role": "user", "content": f"question {u} of conversation {i}"})
+        if u < users - 1 or i % 2:  # odd rows end with the source's own reply (dropped: it is regenerated)
+            messages.append({"role": "assistant", "content": f"source answer {u}"})
+    return {"id": f"c{i}", "messages": messages}
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def parsed(tokenizer: Any, prompt_ids: list[int], output_ids: list[int], stop: int) -> dict[str, Any]:
+    """What SGLang's kimi_k2 reasoning parser makes of an output (the fake's table is checked against the real one)."""
+    ids = output_ids[:-1] if output_ids and output_ids[-1] == stop else output_ids
+    opener = "<think>" if prompt_ids[-1] == tokenizer.convert_tokens_to_ids("<think>") else ""
+    text = opener + tokenizer.decode(ids, skip_special_tokens=False)
+    split = fake_parsers.separate_reasoning({"text": text, "reasoning_parser": "kimi_k2"})
+    return {"role": "assistant", "content": split["text"], "reasoning_content": split["reasoning_text"]}
+
+
+def test_every_turn_once_each_rendered_from_the_parsed_replies_before_it(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    rows = [conversation(i, 1 + i % 4) for i in range(24)]
+    prompts = write_jsonl(tmp_path / "convs.jsonl", rows)
+    out = tmp_path / "out"
+    result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server))
+    assert result.exit_code == 0, result.output
+    records = read_records(out)
+    by_id = {r["id"]: r for r in records}
+    assert len(by_id) == len(records) == sum(1 + i % 4 for i in range(24))
+    tokenizer = load_tokenizer(tiny_tokenizer)
+    stop = fake_server.config.eos_id
+    sampling = {"max_new_tokens": 128, "temperature": 0.0}
+    for i, row in enumerate(rows):
+        turns = 1 + i % 4
+        source_users = [m for m in row["messages"] if m["role"] == "user"]
+        history = [m for m in row["messages"][:1] if m["role"] == "system"]
+        for k in range(1, turns + 1):
+            record = by_id[f"c{i}@t{k}"]
+            assert (record["conversation"], record["turn"], record["key"], record["sample"]) == (f"c{i}", k, f"c{i}", 0)
+            history = [*history, source_users[k - 1]]
+            assert record["messages"] == history  # the source's own replies never appear
+            assert record["prompt_ids"] == render(tokenizer, history)  # an independent render
+            assert record["output_ids"] == expected_output(fake_server.config, record["prompt_ids"], sampling)
+            reply = parsed(tokenizer, record["prompt_ids"], record["output_ids"], stop)
+            assert record["reply"] == reply and reply["reasoning_content"]
+            assert record["end"] == ("complete" if k == turns else None)
+            history = [*history, reply]
+    ends = [orjson.loads(line) for line in (out / "conversations.jsonl").read_bytes().splitlines()]
+    assert sorted(e["base"] for e in ends) == sorted(r["id"] for r in rows)
+    assert {e["end"] for e in ends} == {"complete"}
+    assert "conversations ended this pass: 24 (24 complete)" in result.output
+
+    verified = invoke("verify-shard", str(out), "--json")
+    report = json.loads(verified.output)
+    assert verified.exit_code == 0, verified.output
+    assert report["records"] == len(records)
+
+
+def test_verify_catches_a_changed_history_a_missing_turn_and_a_wrong_end(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [conversation(i, 3) for i in range(4)])
+    out = tmp_path / "out"
+    assert invoke(*run_args(prompts, out, tiny_tokenizer, fake_server, "--shard-size", "100")).exit_code == 0
+    shard = next((out / "shards").glob("shard_*.jsonl"))
+    lines = shard.read_bytes().splitlines()
+    records = [orjson.loads(line) for line in lines]
+    edited = []
+    for record in records:
+        if record["id"] == "c0@t2":  # a reply that is not what the model wrote
+            record["messages"][1]["content"] = "something else"
+        if record["id"] == "c1@t2":
+            continue  # a missing middle turn
+        if record["id"] == "c2@t3":
+            record["end"] = "truncated"
+        edited.append(orjson.dumps(record))
+    shard.write_bytes(b"\n".join(edited) + b"\n")
+    result = invoke("verify-shard", str(out), "--json")
+    assert result.exit_code == 1
+    errors = json.loads(result.output)["errors"]
+    found = {(kind, f["id"]) for kind, entry in errors.items() for f in entry["examples"]}
+    assert {("turn_history", "c0@t3"), ("turn_missing", "c1@t3"), ("turn_end", "c2@t3")} <= found, found
+    assert ("prompt_mismatch", "c0@t2") in found  # its prompt no longer renders from its messages
+
+
+def test_kill_in_the_middle_and_resume_gives_the_same_records(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    rows = [conversation(i, 2 + i % 3) for i in range(30)]
+    prompts = write_jsonl(tmp_path / "convs.jsonl", rows)
+    whole = tmp_path / "whole"
+    assert invoke(*run_args(prompts, whole, tiny_tokenizer, fake_server)).exit_code == 0
+    expected = sorted(read_records(whole), key=lambda r: r["id"])
+
+    # the same run stopped after a few records (SIGINT to ourselves once some turns are durable), then resumed
+    cut = tmp_path / "cut"
+    fake_server.update_config(latency_s=0.02)
+    import threading
+
+    def stop_soon() -> None:
+        import os
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            shards = list((cut / "shards").glob("shard_*.jsonl*")) if (cut / "shards").exists() else []
+            if sum(p.read_bytes().count(b"\n") for p in shards) >= 15:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    first = invoke(*run_args(prompts, cut, tiny_tokenizer, fake_server, "--grace-period-s", "0"))
+    assert first.exit_code == 130, first.output
+    partial = read_records(cut)
+    assert 15 <= len(partial) < len(expected)
+    fake_server.update_config(latency_s=0.0)
+    second = invoke("resume", "--out", str(cut), "--no-progress")
+    assert second.exit_code == 0, second.output
+    assert "to continue from their last turn" in second.output
+    assert sorted(read_records(cut), key=lambda r: r["id"]) == expected
+
+
+def test_a_truncated_turn_ends_its_conversation_unless_asked_to_go_on(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [conversation(i, 3) for i in range(20)])
+    out = tmp_path / "out"
+    result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server, "--max-new-tokens", "40"))
+    assert result.exit_code == 0, result.output
+    records = read_records(out)
+    truncated = [r for r in records if r["finish_reason"]["type"] == "length"]
+    assert truncated and all(r["end"] == "truncated" for r in truncated)
+    assert all(r["end"] in (None, "complete") for r in records if r["finish_reason"]["type"] != "length")
+    assert f"stopped early: truncated {len(truncated)}" in result.output
+    assert invoke("verify-shard", str(out)).exit_code == 0
+    going_on = tmp_path / "going-on"
+    result = invoke(
+        *run_args(prompts, going_on, tiny_tokenizer, fake_server, "--max-new-tokens", "40",
+                  "--on-truncated-turn", "continue")
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert len(read_records(going_on)) == 60
+    assert invoke("verify-shard", str(going_on)).exit_code == 0
+
+
+@pytest.mark.parametrize("flag", ["--reasoning-parser-name"])
+def test_a_reasoning_model_without_its_parser_is_refused_before_anything_is_sent(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any, flag: str
+) -> None:
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [conversation(0, 2)])
+    args = [a for a in run_args(prompts, tmp_path / "out", tiny_tokenizer, fake_server) if a not in (flag, "kimi_k2")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "--reasoning-parser-name" in result.output
+    bad = run_args(prompts, tmp_path / "out2", tiny_tokenizer, fake_server)
+    bad[bad.index("kimi_k2")] = "no_such_parser"
+    result = CliRunner().invoke(main, bad)
+    assert result.exit_code == 1 and "parser" in result.output, result.output
