@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -540,3 +541,98 @@ def test_the_launched_server_gets_the_users_environment_unchanged(tmp_path: Path
     got = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
     assert "HF_HUB_OFFLINE" not in got and "TRANSFORMERS_VERBOSITY" not in got
     assert got["EAGLE_TEST_USER_VARIABLE"] == "kept as is"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Secrets in the server's own output (D9): it reaches server.log only through the log masker
+# ----------------------------------------------------------------------------------------------------
+
+API_KEY = "sk-LIVE-6f1c2a9e4b7d"
+ADMIN_KEY = "ADMIN-SECRET-93d0e1"
+
+
+def maskers(log_path: Path) -> list[str]:
+    """Command lines of the live log maskers writing ``log_path``."""
+    return [cmd for cmd in live_with("logmask.py") if str(log_path) in cmd]
+
+
+def test_a_launched_server_prints_its_keys_and_server_log_shows_them_masked(
+    tmp_path: Path, model_dir: Path, fake_config: FakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang prints ``server_args=ServerArgs(... api_key='…', admin_api_key='…')`` at start-up (the stand-in
+    too); that line went into server.log as it was, keys included."""
+    for key, value in fake_env(fake_config).items():
+        monkeypatch.setenv(key, value)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(4))
+    out = tmp_path / "out"
+    args = cli_args(prompts, out, model_dir, "--api-key", API_KEY, f"--server-arg=--admin-api-key={ADMIN_KEY}")
+
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+
+    assert result.exit_code == 0, result.output
+    assert len(read_records(out)) == 4  # the server wanted the key, and got it
+    log = (out / "server.log").read_bytes()
+    for secret in (API_KEY, ADMIN_KEY):
+        assert secret not in result.output
+        assert [p for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()] == []
+    # The rest of the line is there byte for byte; so is the progress bar, \r and all.
+    assert (
+        f"server_args=ServerArgs(model_path='{model_dir}', host='127.0.0.1', port=".encode() in log
+        and b"reasoning_parser=None, device=None, api_key='***', admin_api_key='***')\n" in log
+    )
+    bar = "\r".join(f"Loading safetensors checkpoint shards: {p:3d}% Completed | {d}/2 [00:00<00:00]"
+                    for d, p in ((0, 0), (1, 50), (2, 100)))  # fmt: skip
+    assert f"\r{bar}\n".encode() in log
+    assert b"SIGTERM received. Draining requests and shutting down..." in log and b"stand-in exiting (0)" in log
+    assert maskers(out / "server.log") == []
+    assert live_with(str(model_dir)) == []
+
+
+def test_the_masker_outlives_a_killed_owner_until_the_reaper_has_stopped_the_server(tmp_path: Path) -> None:
+    """kill -9 of eagle-datagen: the masker, not a thread of ours, keeps copying (masked) while the reaper stops
+    the server, so the server neither dies of SIGPIPE nor loses its last lines. The stand-in keeps printing
+    lines with both keys, each cut in two writes in the middle of the API key."""
+    log_path = tmp_path / "server.log"
+    script = (
+        "import asyncio, sys, httpx\n"
+        "from pathlib import Path\n"
+        "from eagle_datagen.config import LaunchConfig\n"
+        "from eagle_datagen.server.launcher import ManagedServer\n"
+        "async def main():\n"
+        f"    config = LaunchConfig(model=Path({str(tmp_path / 'model')!r}), server_python=sys.executable,\n"
+        f"                          server_args=('--admin-api-key', {ADMIN_KEY!r}))\n"
+        f"    s = ManagedServer(config, Path({str(log_path)!r}), api_key={API_KEY!r},\n"
+        f"                      env={standin_env(FAKE_SGLANG_CHATTER_S='0.3')!r})\n"
+        "    async with httpx.AsyncClient() as http:\n"
+        "        await s.start(http)\n"
+        "    print(s.pgid, flush=True)\n"
+        "    await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    pgid = int(owner.stdout.readline())
+    owner.stdout.close()
+    # The secrets went to the masker through a pipe: no command line of ours shows them.
+    for cmd in maskers(log_path) + reapers(pgid):
+        assert API_KEY not in cmd and ADMIN_KEY not in cmd
+    wait_for(lambda: log_text(log_path).count("chatter ") >= 2, 30, "the stand-in's chatter")
+    owner.kill()
+    owner.wait()
+    assert_gone(pgid, timeout_s=launcher.STOP_WAIT_S + 5)
+    wait_for(lambda: maskers(log_path) == [], 10, "the masker to end")
+
+    log = log_path.read_bytes()
+    assert API_KEY.encode() not in log and ADMIN_KEY.encode() not in log
+    assert API_KEY[: len(API_KEY) // 2].encode() not in log  # not even the half written before the pause
+    after = log.split(b"the owner is gone; SIGTERM to process group", 1)[1]
+    # Written after the owner died, so only the masker can have copied them: the drain, the end, both whole.
+    assert b"SIGTERM received. Draining requests and shutting down..." in after
+    assert b"stand-in exiting (0)\n" in after
+    # The reaper appends its lines itself: one may land inside a chatter line the masker has flushed half of
+    # (a partial line goes out after a quiet moment; the half-written key is held back).
+    ours = re.sub(rb"eagle-datagen reaper: [^\n]*\n", b"", log)
+    chatter = [line for line in ours.split(b"\n") if b"chatter " in line]
+    assert len(chatter) >= 2
+    for line in chatter[:-1]:  # the last one may have been cut off by the exit
+        assert line.split(b": ", 1)[1] == b"api_key='***' admin_api_key='***' \xff"

@@ -2,14 +2,18 @@
 
 One rule decides what a secret is (:func:`is_secret_flag`), and every place that shows or saves
 options or a command line goes through :func:`redact` (argument lists) or :func:`redact_options`
-(the option dict saved in ``manifest.json``). :func:`check_api_key` refuses a key that cannot travel
+(the option dict saved in ``manifest.json``). A launched server's own output is masked on its way to
+its log with the values :func:`secret_values` and :func:`environment_secrets` find, in the forms
+:func:`mask_forms` gives (``server/logmask.py``). :func:`check_api_key` refuses a key that cannot travel
 in an HTTP header, without printing it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from eagle_datagen.errors import UsageError
@@ -40,16 +44,58 @@ def is_secret_flag(arg: str) -> bool:
     return is_secret_name(name)
 
 
+def _secret_args(command: Sequence[str]) -> Iterator[tuple[int, str, str]]:
+    """``(index, flag, value)`` of each secret value in an argument list (``--flag=value`` or ``--flag value``)."""
+    for i, arg in enumerate(command):
+        name, eq, value = arg.partition("=")
+        if eq and is_secret_flag(name):
+            yield i, name, value
+        elif i > 0 and not eq and not arg.startswith("--") and _takes_secret(command[i - 1]):
+            yield i, command[i - 1], arg
+
+
+def _takes_secret(arg: str) -> bool:
+    """A secret flag without ``=``: the next argument is its value."""
+    return "=" not in arg and is_secret_flag(arg)
+
+
 def redact(command: Sequence[str]) -> list[str]:
     """The argument list with every secret value hidden: ``--flag=***``, or ``--flag ***``."""
     out = list(command)
-    for i, arg in enumerate(out):
-        name, eq, _ = arg.partition("=")
-        if eq and is_secret_flag(name):
-            out[i] = f"{name}={MASK}"
-        elif i > 0 and not eq and is_secret_flag(out[i - 1]) and "=" not in out[i - 1] and not arg.startswith("--"):
-            out[i] = MASK
+    for i, name, _ in _secret_args(command):
+        out[i] = f"{name}={MASK}" if "=" in command[i] else MASK
     return out
+
+
+def secret_values(command: Sequence[str]) -> list[str]:
+    """The values :func:`redact` hides in an argument list (what a launched server's log must not show)."""
+    return [value for _, _, value in _secret_args(command) if value]
+
+
+#: An environment value shorter than this is not masked in a server's log (a ``USE_AUTH_TOKEN=true`` would
+#: hide every ``true``); keys and tokens are far longer.
+MIN_ENV_SECRET = 8
+
+
+def environment_secrets(env: Mapping[str, str]) -> list[str]:
+    """The values of secret-named environment variables (``HF_TOKEN``, ``EAGLE_DATAGEN_API_KEY``) that a
+    launched server gets, at least :data:`MIN_ENV_SECRET` characters long."""
+    return [value for name, value in env.items() if is_secret_name(name) and len(value) >= MIN_ENV_SECRET]
+
+
+def mask_forms(secrets: Iterable[str]) -> list[bytes]:
+    """Each secret as bytes the way a log may show it: as is, inside a Python repr (SGLang prints
+    ``ServerArgs(api_key='…')``) and inside a JSON string; longest first."""
+    forms: set[bytes] = set()
+    for secret in secrets:
+        if not secret:
+            continue
+        for text in (secret, repr(secret)[1:-1], json.dumps(secret)[1:-1]):
+            try:
+                forms.add(os.fsencode(text))  # undecodable argv bytes come back as they were given
+            except UnicodeEncodeError:
+                forms.add(text.encode("utf-8", "backslashreplace"))
+    return sorted(forms, key=len, reverse=True)
 
 
 def redacted_args(command: Sequence[str]) -> list[str]:

@@ -1,7 +1,9 @@
 """One object owns a managed SGLang server's life.
 
 :class:`ManagedServer` starts ``PYTHON -m sglang.launch_server ...`` (an argument list, never a shell
-string) in its own process group with stdout and stderr in ``DIR/server.log``, polls
+string) in its own process group with stdout and stderr going to ``DIR/server.log`` through a *log masker*
+(``server/logmask.py``, a process of its own that replaces every secret we gave the server, the API key
+among them, with ``***``: SGLang prints its resolved server args, keys included), polls
 ``/health_generate`` while checking that the process is still alive, restarts a crashed server on
 the same port (bounded attempts, backoff), and stops it: SIGTERM to the group, a wait, SIGKILL.
 
@@ -12,7 +14,8 @@ Every exit path ends in that stop:
 - paths no ``finally`` sees (our process killed by SIGKILL, or by a signal that arrives before or
   after the app's handlers are installed): a *reaper*, a tiny process in its own session that holds
   one end of a pipe. When the pipe closes without the "stopped cleanly" byte, it sends the group
-  SIGTERM, waits, then SIGKILL.
+  SIGTERM, waits, then SIGKILL. The masker lives on too (its own session), so the server does not die of
+  SIGPIPE meanwhile and its last lines still reach the log; it ends when the whole group is gone.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from eagle_datagen.config import LaunchConfig
 from eagle_datagen.errors import ServerError, UsageError
 from eagle_datagen.generate.client import is_healthy
 from eagle_datagen.generate.pool import backoff_s
+from eagle_datagen.redaction import environment_secrets, mask_forms, secret_values
 from eagle_datagen.redaction import redact as redact  # re-exported: the launch command is shown redacted
+from eagle_datagen.server import logmask
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,8 @@ STOP_WAIT_S = 20.0
 #: How long the group's last processes may take to die after SIGKILL.
 KILL_WAIT_S = 5.0
 READY_POLL_S = 0.5
+#: A partial line of the server's output (a progress bar) reaches the log after this long without output.
+MASK_IDLE_S = 0.2
 READY_NOTE_EVERY_S = 60.0
 #: A server that stayed up this long gets a fresh restart budget when it crashes.
 STABLE_UPTIME_S = 600.0
@@ -241,6 +248,7 @@ class ManagedServer:
         self.ready_at: float | None = None
         self._reaper: subprocess.Popen[bytes] | None = None
         self._reaper_fd: int | None = None
+        self._masker: subprocess.Popen[bytes] | None = None
         if config.host not in {"127.0.0.1", "localhost", "::1"} and not api_key:
             log.warning(
                 "the SGLang server will listen on %s without an API key: anyone who can reach this machine can use "
@@ -266,7 +274,7 @@ class ManagedServer:
         return self.process is not None and self.process.poll() is None
 
     def spawn(self) -> None:
-        """Starts the process group (output appended to the log) and arms the reaper."""
+        """Starts the log masker and the process group (output appended to the log), and arms the reaper."""
         if self.process is not None:
             self.stop()
         if not port_is_free(self.config.host, self.port):
@@ -275,31 +283,95 @@ class ManagedServer:
                 "a free --port, or leave --port out to get one"
             )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # Private: SGLang logs its resolved server args, the API key among them.
+        env = {**os.environ, **(self.env or {})}
+        # Private: the masker hides the secrets we know of; the log is still nobody else's business.
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if self.api_key:
             os.fchmod(fd, 0o600)
         with os.fdopen(fd, "ab") as log_file:
             log_file.write(f"\n=== eagle-datagen: starting {' '.join(redact(self.command))}\n".encode())
             log_file.flush()
+            output = self._start_masker(log_file, secret_values(self.command) + environment_secrets(env))
             try:
                 self.process = subprocess.Popen(
                     self.command,
                     stdin=subprocess.DEVNULL,
-                    stdout=log_file,
+                    stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    env={**os.environ, **(self.env or {})},
+                    env=env,
                 )
             except OSError as exc:
                 raise ServerError(
                     f"cannot start {self.config.server_python!r} ({exc.strerror}); point --server-python at the "
                     "Python of the environment where SGLang is installed"
                 ) from exc
+            finally:
+                if isinstance(output, int):
+                    os.close(output)  # the server's group holds the only write ends now: EOF when it is gone
+                if self.process is None:
+                    self._close_masker()
             self._arm_reaper(self.process.pid, log_file)
         self._note(f"process group {self.process.pid}")
         self.started_at = time.monotonic()
         self.ready_at = None
+
+    def _start_masker(self, log_file: BinaryIO, secrets: list[str]) -> int | BinaryIO:
+        """Starts the log masker (``python -I logmask.py FD IDLE_S LOG``) writing to ``log_file``; returns the
+        write end of the pipe it reads, for the server's stdout and stderr.
+
+        The secrets travel on a second pipe, inherited as ``FD``, never in an argument list (``ps``)."""
+        if not sys.executable:
+            if secrets:
+                raise ServerError(
+                    "no Python executable is known (sys.executable is empty) to run the log masker, and without it "
+                    "the secrets given to the server (--api-key, secret --server-arg values) would reach its log"
+                )
+            log.warning("no Python executable known: the server's output goes to its log unmasked")
+            return log_file
+        secrets_read, secrets_write = os.pipe()
+        output_read, output_write = os.pipe()
+        try:
+            self._masker = subprocess.Popen(
+                [sys.executable, "-I", logmask.__file__, str(secrets_read), str(MASK_IDLE_S), str(self.log_path)],
+                stdin=output_read,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                pass_fds=(secrets_read,),
+                start_new_session=True,  # outlives us (kill -9) like the server and the reaper
+            )
+        except OSError as exc:
+            os.close(secrets_write)
+            os.close(output_write)
+            raise ServerError(f"cannot start the log masker with {sys.executable!r} ({exc.strerror})") from exc
+        finally:
+            os.close(secrets_read)
+            os.close(output_read)
+        try:
+            with os.fdopen(secrets_write, "wb") as channel:
+                channel.write(b"\0".join(mask_forms(secrets)))
+        except OSError as exc:
+            os.close(output_write)
+            self._close_masker()
+            raise ServerError(f"the log masker exited at once ({exc}); see {self.log_path}") from exc
+        return output_write
+
+    def _close_masker(self) -> None:
+        """Waits for the masker to copy the server's last lines: it ends when every writer of its pipe (the
+        whole server group) is gone. A process that left the group and still holds the pipe gets it ended."""
+        masker, self._masker = self._masker, None
+        if masker is None:
+            return
+        try:
+            masker.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._note(f"the server's output pipe is still open after {KILL_WAIT_S:.0f} s: stopping the log masker")
+            masker.terminate()  # it writes what it holds, masked, and exits
+            try:
+                masker.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                masker.kill()
+                masker.wait()
 
     def _arm_reaper(self, pgid: int, log_file: BinaryIO) -> None:
         """Starts the reaper that stops ``pgid`` if this process dies without calling :meth:`stop`."""
@@ -458,6 +530,7 @@ class ManagedServer:
         deadline = time.monotonic() + KILL_WAIT_S
         while group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._close_masker()
         self._disarm_reaper()
         self.process = None
 
@@ -467,6 +540,10 @@ class ManagedServer:
             handle.write(f"=== eagle-datagen: {message}\n".encode())
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The log's last lines. A server that has exited is stopped first (the rest of its group), so that its
+        last lines, still on their way through the masker, are there."""
+        if self.process is not None and self.process.poll() is not None:
+            self.stop()
         try:
             with self.log_path.open("rb") as handle:
                 tail = deque(handle, maxlen=lines)

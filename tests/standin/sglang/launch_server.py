@@ -1,7 +1,8 @@
 """Stand-in for ``python -m sglang.launch_server``: serves eagle_datagen's fake SGLang in the foreground.
 
-Accepts SGLang's launch flags (unknown ones are ignored), prints SGLang-like log lines, spawns one idle child
-process (SGLang runs a process tree), and serves the fake on ``--host``/``--port`` (loopback only).
+Accepts SGLang's launch flags (unknown ones are ignored), prints SGLang-like log lines (its resolved server args,
+``api_key`` and ``admin_api_key`` among them, as SGLang 0.5.23 does, and a ``\r`` progress bar), spawns one idle
+child process (SGLang runs a process tree), and serves the fake on ``--host``/``--port`` (loopback only).
 
 Env knobs:
     FAKE_SGLANG_STARTUP_DELAY_S   /health and /ready answer 503 for this long after binding.
@@ -10,6 +11,8 @@ Env knobs:
                                   with FAKE_SGLANG_STATE_DIR set, only on the first run (a marker file there).
     FAKE_SGLANG_STATE_DIR         directory for that marker.
     FAKE_SGLANG_CONFIG_JSON       FakeConfig fields as a JSON object (launch flags win where both are given).
+    FAKE_SGLANG_CHATTER_S=S       until it exits, print ``chatter N: api_key='…' admin_api_key='…' \xff`` lines, each
+                                  in two writes S seconds apart, cut in the middle of the API key.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,11 +34,38 @@ from eagle_datagen.testing.fake_sglang import FakeConfig, serve
 CRASH_MARKER = "fake-sglang-crashed-once"
 DEPRECATION = "'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint."
 _children: list[subprocess.Popen[bytes]] = []
+#: Held for each whole line, so that the chatter thread's split lines do not interleave with others.
+_write_lock = threading.Lock()
 
 
 def log(msg: str) -> None:
     """One SGLang-style log line on stdout."""
-    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+    with _write_lock:
+        print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+
+
+def write(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def progress_bar(what: str, total: int) -> None:
+    """A tqdm-style bar: one ``\r``-separated update per step, a newline at the end (SGLang's shard loading)."""
+    with _write_lock:
+        for done in range(total + 1):
+            write(f"\r{what}: {100 * done // total:3d}% Completed | {done}/{total} [00:00<00:00]".encode())
+        write(b"\n")
+
+
+def chatter(api_key: str | None, admin_api_key: str | None, pause_s: float) -> None:
+    """Lines holding both keys, each cut in the middle of the API key into two writes ``pause_s`` apart."""
+    for n in range(1_000_000):
+        line = f"chatter {n}: api_key={api_key!r} admin_api_key={admin_api_key!r} ".encode() + b"\xff\n"
+        cut = line.index(b"api_key=") + len("api_key='") + len(api_key or "") // 2
+        with _write_lock:
+            write(line[:cut])
+            time.sleep(pause_s)
+            write(line[cut:])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -48,6 +79,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--mem-fraction-static", type=float)
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--api-key")
+    ap.add_argument("--admin-api-key")
     ap.add_argument("--reasoning-parser")
     ap.add_argument("--device")
     ap.add_argument("--context-length", type=int)
@@ -112,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(
         f"server_args=ServerArgs(model_path='{args.model_path}', host='{args.host}', port={args.port}, "
         f"tp_size={args.tp_size}, dp_size={args.dp_size}, mem_fraction_static={args.mem_fraction_static}, "
-        f"reasoning_parser={args.reasoning_parser!r}, device={args.device!r})"
+        f"reasoning_parser={args.reasoning_parser!r}, device={args.device!r}, api_key={args.api_key!r}, "
+        f"admin_api_key={args.admin_api_key!r})"
     )
     if env.get("FAKE_SGLANG_FAIL_AT_STARTUP") == "1":
         log("Load weight begin. avail mem=0.00 GB")
@@ -121,11 +154,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     config = build_config(args, env)
     _spawn_child()
+    if env.get("FAKE_SGLANG_CHATTER_S"):
+        pause_s = float(env["FAKE_SGLANG_CHATTER_S"])
+        threading.Thread(target=chatter, args=(args.api_key, args.admin_api_key, pause_s), daemon=True).start()
     log("Load weight begin. avail mem=100.00 GB")
+    progress_bar("Loading safetensors checkpoint shards", 2)
     log("Load weight end. type=FakeForCausalLM, dtype=torch.bfloat16, avail mem=90.00 GB")
     log(f"KV Cache is allocated. #tokens: {config.max_total_num_tokens}")
     draining = "received. Draining requests and shutting down..."
-    return serve(
+    code = serve(
         config,
         args.host,
         args.port,
@@ -134,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_ready=lambda: log("The server is fired up and ready to roll!"),
         on_signal=lambda sig: log(f"{signal.Signals(sig).name} {draining}"),
     )
+    log(f"stand-in exiting ({code})")
+    return code
 
 
 if __name__ == "__main__":
