@@ -81,8 +81,28 @@ def test_presets_use_only_known_options() -> None:
         "preset_name",
         "preset_sampling",
     }
+    known |= {f"{key}_name" for key in PRESET_SECTIONS["parsers"]}  # [parsers] give --*-parser-name
     for path in CONFIGS.glob("*.toml"):
         assert set(load_preset(path)) <= known, path
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_preset_names_sglang_parsers_and_they_reach_turns_all(path: Path, tmp_path: Path) -> None:
+    """--turns all splits each reply with SGLang's own parsers: each preset names them (SGLang 0.5.23's choices,
+    the fake's table is checked against the real ones), and a flag overrides the preset."""
+    from eagle_datagen.testing.fake_parsers import SGLANG_REASONING_PARSERS, SGLANG_TOOL_CALL_PARSERS
+
+    preset = load_preset(path)
+    reasoning, tools = preset["reasoning_parser_name"], preset["tool_call_parser_name"]
+    assert reasoning == "none" or reasoning in SGLANG_REASONING_PARSERS, reasoning
+    assert tools == "none" or tools in SGLANG_TOOL_CALL_PARSERS, tools
+    config = build_run_config(merge(preset, {"turns": "all"}, base_options(tmp_path)))
+    assert config.turns is not None
+    assert config.turns.reasoning_parser == (None if reasoning == "none" else reasoning)
+    assert config.turns.tool_call_parser == (None if tools == "none" else tools)
+    flagged = build_run_config(merge(preset, {"turns": "all", "tool_call_parser_name": "none"}, base_options(tmp_path)))
+    assert flagged.turns is not None and flagged.turns.tool_call_parser is None
+    assert build_run_config(merge(preset, base_options(tmp_path))).turns is None  # --turns last: none of it
 
 
 def test_explicit_flags_override_the_preset(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from eagle_datagen.generate.connect import refuse_proxies, ssl_context
 from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
 from eagle_datagen.generate.pool import Endpoint, ServerPool
 from eagle_datagen.generate.transport import Transport
-from eagle_datagen.generate.turns import ENDS_NAME, TurnDriver, TurnState
+from eagle_datagen.generate.turns import TurnDriver, TurnState
 from eagle_datagen.inputs.mix import describe_mix, record_plan
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.render import (
@@ -66,7 +66,7 @@ from eagle_datagen.server.recovery import exited, make_recover
 from eagle_datagen.server.router import ManagedRouter, check_router_passes
 from eagle_datagen.server.tokenize import ServerRenderer
 from eagle_datagen.store.lock import LOCK_NAME, check_not_in_use, hold
-from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
+from eagle_datagen.store.logs import ENDS_NAME, FAILURES_NAME, REJECTS_NAME, JsonlLog, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, check_plan
 from eagle_datagen.store.shards import ShardStore, read_records
 

@@ -188,10 +188,6 @@ class TurnDriver:
             ) from exc
 
 
-#: One line per conversation that ended (its last record id, how many turns, why), beside the shards.
-ENDS_NAME = "conversations.jsonl"
-
-
 @dataclass
 class TurnState:
     """What earlier runs left of each conversation (``base`` id: ``KEY``, or ``KEY#i`` with samples), for resume.

@@ -15,6 +15,8 @@ from eagle_datagen.store.durable import FILE_MODE, write_error
 
 FAILURES_NAME = "failures.jsonl"
 REJECTS_NAME = "rejects.jsonl"
+#: ``--turns all``: one line per ended conversation (its last record id, its turns, why it ended)
+ENDS_NAME = "conversations.jsonl"
 
 
 class JsonlLog:

@@ -34,8 +34,9 @@ from eagle_datagen.generate.pipeline import record_ids
 from eagle_datagen.inputs.partition import partition_of
 from eagle_datagen.inputs.prompts import PromptReader
 from eagle_datagen.inputs.sources import Columns
+from eagle_datagen.record.turns import split_turn_id
 from eagle_datagen.store.lock import check_not_in_use
-from eagle_datagen.store.logs import FAILURES_NAME, REJECTS_NAME, read_entries
+from eagle_datagen.store.logs import ENDS_NAME, FAILURES_NAME, REJECTS_NAME, read_entries
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest, plan_differences
 from eagle_datagen.store.shards import SHARD_RE, ShardInfo, shard_ids, shard_name
 
@@ -108,10 +109,14 @@ def merge_runs(out: Path, run_dirs: list[Path], *, copy: bool = False, prompts: 
     source = prompts or _plan_prompts(plan)
     expected: set[str] = set()
     missing: list[str] = []
+    turns = isinstance(plan.get("turns"), dict)
+    ended = _ended_conversations(runs) if turns else set()
     for key in _prompt_keys(source, plan):
         for rid, _ in record_ids(key, samples):
             expected.add(rid)
-            if rid not in owner and key not in set_aside:
+            # --turns all: a conversation is there once its partition's conversations.jsonl says it ended
+            done = rid in ended if turns else rid in owner
+            if not done and key not in set_aside:
                 missing.append(rid)
     if missing:
         failed = _failed_ids(runs)
@@ -134,7 +139,7 @@ def merge_runs(out: Path, run_dirs: list[Path], *, copy: bool = False, prompts: 
             + _first([repr(m) for m in missing])
             + f" (owned by {', '.join(where)}){hint}"
         )
-    unknown = [rid for rid in owner if rid not in expected]
+    unknown = [rid for rid in owner if _base_of(rid) not in expected]
     if unknown:
         raise UsageError(
             f"{len(unknown):,} records have ids that {source} does not ask for, e.g. {_first([repr(u) for u in unknown])}; "
@@ -203,8 +208,21 @@ def _record_ids(run: _Run) -> Iterator[str]:
         yield from shard_ids(shard_dir / info.name, info.records)
 
 
+def _base_of(rid: str) -> str:
+    """A record id without its turn (``KEY@t2`` → ``KEY``; ``KEY#1@t2`` → ``KEY#1``)."""
+    split = split_turn_id(rid)
+    return rid if split is None else split[0]
+
+
 def _key_of(rid: str, samples: int) -> str:
-    return rid if samples == 1 else rid.rsplit("#", 1)[0]
+    base = _base_of(rid)
+    return base if samples == 1 else base.rsplit("#", 1)[0]
+
+
+def _ended_conversations(runs: list[_Run]) -> set[str]:
+    return {
+        e["base"] for run in runs for e in read_entries(run.directory / ENDS_NAME) if isinstance(e.get("base"), str)
+    }
 
 
 def _partition_of_record(rid: str, samples: int, count: int) -> int:
@@ -278,6 +296,11 @@ def _write(out: Path, runs: list[_Run], *, copy: bool, records: int, set_aside: 
         merged.runs.append(entry)
         report.per_run.append(entry)
     report.shards = index
+    ends = [run.directory / ENDS_NAME for run in runs if (run.directory / ENDS_NAME).is_file()]
+    if ends:  # --turns all: how each conversation ended, one file for the merged run
+        with (out / ENDS_NAME).open("wb") as handle:
+            for path in ends:
+                handle.write(path.read_bytes())
     merged.save()
     (out / "merge.json").write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
     return report
