@@ -2,7 +2,7 @@
 
 Usage: python scripts/make_tiny_model.py OUT_DIR [--template kimi|chatml] [--kimi-ids]
        [--weights random|scripted] [--dtype float32|bfloat16] [--seed N] [--tokenizer-only]
-       [--generation-defaults '{"temperature": 0.6, "top_p": 0.95}']
+       [--generation-defaults '{"temperature": 0.6, "top_p": 0.95}'] [--script answer|tool_call]
 Runs with any interpreter that has transformers (+ torch unless --tokenizer-only); src/ need not be installed.
 """
 
@@ -31,6 +31,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-defaults", type=json.loads, default=None, help="JSON object")
     p.add_argument("--tokenizer-only", action="store_true", help="no model (needs no torch)")
+    p.add_argument(
+        "--script",
+        choices=["answer", "tool_call"],
+        default="answer",
+        help="what --weights scripted replies: reasoning and an answer, or reasoning, an answer and a get_weather "
+        "call (tiny.tool_script)",
+    )
     return p.parse_args(argv)
 
 
@@ -38,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     """Build the directory and print its path."""
     a = parse_args(argv)
     if a.tokenizer_only:
-        out = tiny.build_tiny_tokenizer(a.out_dir, template=a.template, kimi_ids=a.kimi_ids)
+        out = tiny.build_tiny_tokenizer(a.out_dir, template=a.template, kimi_ids=a.kimi_ids, script=a.script)
     else:
         out = tiny.build_tiny_model(
             a.out_dir,
@@ -48,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=a.dtype,
             seed=a.seed,
             generation_defaults=a.generation_defaults,
+            script=a.script,
         )
     print(out)
     return 0
