@@ -222,7 +222,9 @@ async def start(server: ManagedServer) -> None:
 
 def test_start_serves_and_stop_leaves_no_process(tmp_path: Path) -> None:
     server = ManagedServer(standin_config(tmp_path), tmp_path / "server.log", env=standin_env())
+    fds = sorted(os.listdir("/proc/self/fd"))
     run(start(server))
+    assert len(maskers(tmp_path / "server.log")) == 1
     pgid = server.pgid
     assert pgid is not None and len(live_members(pgid)) == 2  # the server and its child
     assert len(reapers(pgid)) == 1
@@ -230,6 +232,8 @@ def test_start_serves_and_stop_leaves_no_process(tmp_path: Path) -> None:
     assert info["tp_size"] == 1 and info["model_path"] == str(tmp_path / "model")
     server.stop()
     assert_gone(pgid, timeout_s=0.5)
+    assert maskers(tmp_path / "server.log") == []
+    assert sorted(os.listdir("/proc/self/fd")) == fds  # no pipe end or log left open
     server.stop()  # twice is fine
     log = log_text(tmp_path / "server.log")
     assert "=== eagle-datagen: starting" in log and f"process group {pgid}" in log and "SIGTERM received" in log
@@ -313,6 +317,34 @@ def test_children_that_ignore_sigterm_are_killed(tmp_path: Path, monkeypatch: py
     assert pgid is not None
     server.stop()
     assert_gone(pgid, timeout_s=0.5)
+
+
+def test_a_process_that_left_the_group_holding_the_output_pipe_does_not_hang_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The masker ends when every writer of the server's output pipe is gone; one that escaped the group (its
+    own session) would keep it waiting forever: stop() ends the masker after a while, with a note."""
+    monkeypatch.setattr(launcher, "KILL_WAIT_S", 0.5)
+    stray_pid = tmp_path / "stray.pid"
+    wrapper = tmp_path / "escaping-python"
+    wrapper.write_text(
+        f"#!/bin/sh\nsetsid sh -c 'echo $$ > {stray_pid}; exec sleep 60' &\nexec {sys.executable} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    log_path = tmp_path / "server.log"
+    server = ManagedServer(standin_config(tmp_path, server_python=str(wrapper)), log_path, env=standin_env())
+    try:
+        run(start(server))
+        pgid = server.pgid
+        assert pgid is not None
+        server.stop()
+        assert_gone(pgid, timeout_s=0.5)
+        assert maskers(log_path) == []
+        assert "the server's output pipe is still open after 0.5 s: stopping the log masker" in log_text(log_path)
+        assert "stand-in exiting (0)" in log_text(log_path)  # what it had was written before it went
+    finally:
+        if stray_pid.exists():
+            os.kill(int(stray_pid.read_text()), signal.SIGKILL)
 
 
 def test_an_exception_inside_the_with_block_stops_the_server(tmp_path: Path) -> None:

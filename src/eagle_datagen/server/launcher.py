@@ -365,7 +365,7 @@ class ManagedServer:
         try:
             masker.wait(timeout=KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            self._note(f"the server's output pipe is still open after {KILL_WAIT_S:.0f} s: stopping the log masker")
+            self._note(f"the server's output pipe is still open after {KILL_WAIT_S:g} s: stopping the log masker")
             masker.terminate()  # it writes what it holds, masked, and exits
             try:
                 masker.wait(timeout=KILL_WAIT_S)
