@@ -234,3 +234,48 @@ def test_export_and_stats_read_turn_records(tmp_path: Path, tiny_tokenizer: Path
     assert "history_changed" in exported.output
     rows = (tmp_path / "sf").glob("*.jsonl")
     assert sum(len(p.read_bytes().splitlines()) for p in rows) == 18
+
+
+def test_a_turn_whose_reply_cannot_be_parsed_fails_and_resume_goes_on_from_there(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parser endpoints unreachable after a turn: retried, then that turn is a failure (its conversation waits,
+    exit 3); resume sends that turn again and goes on; the records equal an uninterrupted run's."""
+    from eagle_datagen.errors import ServerError
+    from eagle_datagen.generate import turns as turns_module
+
+    rows = [conversation(i, 3) for i in range(8)]
+    prompts = write_jsonl(tmp_path / "convs.jsonl", rows)
+    whole = tmp_path / "whole"
+    assert invoke(*run_args(prompts, whole, tiny_tokenizer, fake_server)).exit_code == 0
+    expected = sorted(read_records(whole), key=lambda r: r["id"])
+
+    real = turns_module.parse_reply
+    calls = {"n": 0}
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        text = args[2] if len(args) > 2 else kwargs.get("text")
+        calls["n"] += 1
+        if text != "hello" and calls["n"] % 7 == 0:  # every 7th reply: the parsers are unreachable
+            raise ServerError("http://fake/separate_reasoning could not be reached (ConnectError: refused)")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(turns_module, "parse_reply", flaky)
+    monkeypatch.setattr("eagle_datagen.generate.pipeline.backoff_s", lambda attempt: 0.0)
+    out = tmp_path / "out"
+    first = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server, "--max-retries", "0"))
+    assert first.exit_code == 3, first.output
+    failures = [orjson.loads(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
+    assert failures and {f["kind"] for f in failures} == {"parse_failed"}
+    assert all(f["id"] == f"{f['conversation']}@t{f['turn']}" for f in failures)
+    assert "cut short by a failed turn" in first.output
+    on_disk = {r["id"] for r in read_records(out)}
+    for failure in failures:  # nothing of a conversation after its failed turn
+        assert not any(rid.startswith(f"{failure['conversation']}@t") and int(rid.rsplit("@t", 1)[1]) >= failure["turn"]
+                       for rid in on_disk)  # fmt: skip
+
+    monkeypatch.setattr(turns_module, "parse_reply", real)
+    second = invoke("resume", "--out", str(out), "--no-progress")
+    assert second.exit_code == 0, second.output
+    assert sorted(read_records(out), key=lambda r: r["id"]) == expected
+    assert invoke("verify-shard", str(out)).exit_code == 0

@@ -462,7 +462,7 @@ async def _execute(
                     family=family,
                     stop_ids=stop_ids,
                     render_one=functools.partial(render_one, path=str(config.prompts)),
-                    http=http,
+                    http=servers.transport,
                     max_input_len=limits.max_input_len,
                     model_vocab=limits.model_vocab,
                     parser_url={f.url: f.workers[0] for f in server_facts if f.workers},

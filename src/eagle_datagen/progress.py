@@ -25,6 +25,7 @@ class Progress:
         self.pool = pool
         self._last = 0.0
         self._shown = 0
+        self._total = total
         self.bar: Any = None
         if enabled:
             from tqdm import tqdm
@@ -39,6 +40,8 @@ class Progress:
             return
         self._last = now
         done = self.stats.records + self.stats.failures
+        if self.stats.turns_not_sent and self._total:  # --turns all: conversations that ended early
+            self.bar.total = max(done, self._total - self.stats.turns_not_sent)
         self.bar.update(done - self._shown)
         self._shown = done
         elapsed = max(now - self.stats.started, 1e-9)

@@ -91,6 +91,8 @@ class Stats:
     ends: Counter[str] = field(default_factory=Counter)
     #: ``--turns all``: conversations cut short by a failed turn (its failure is in failures.jsonl)
     conversations_failed: int = 0
+    #: ``--turns all``: turns the source had that will not be sent (their conversation ended or failed before)
+    turns_not_sent: int = 0
 
     def add(self, result: GenerateResult, server: str | None = None, variant: str | None = None) -> None:
         self.warnings.update(kind for kind, _ in result.warnings)
@@ -621,6 +623,7 @@ class Pipeline:
         self._write(item, result, endpoint.url, started, outcome)
         if outcome.end is not None:
             self.stats.ends[outcome.end] += 1
+            self.stats.turns_not_sent += conversation.plan.turns - conversation.turn
             if self.ends is not None:
                 last = {
                     "id": item.record_id,
@@ -700,6 +703,7 @@ class Pipeline:
             entry["turn"] = item.conversation.turn
             entry["conversation"] = item.key
             self.stats.conversations_failed += 1
+            self.stats.turns_not_sent += item.conversation.plan.turns - item.conversation.turn
         self.failures.append(entry)
         self.stats.failures += 1
 

@@ -40,7 +40,7 @@ from eagle_datagen.record.turns import (
     split_turn_id,
     turn_id,
 )
-from eagle_datagen.server.parsers import parse_reply, reply_text
+from eagle_datagen.server.parsers import Poster, parse_reply, reply_text
 
 #: The tool the parser probe declares (any schema does: the probe text calls none).
 PROBE_TOOL: dict[str, Any] = {
@@ -93,7 +93,7 @@ class TurnDriver:
         family: Family,
         stop_ids: Sequence[int],
         render_one: RenderOne,
-        http: httpx.AsyncClient,
+        http: httpx.AsyncClient | Poster,
         max_input_len: int | None,
         model_vocab: int | None,
         parser_url: Mapping[str, str] | None = None,

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
+import orjson
 
 from eagle_datagen.errors import ServerError
+from eagle_datagen.generate.transport import TransportError
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,12 @@ def reply_text(
     return opened_by_prompt + text
 
 
+#: A parser call is quick (text in, text out): an answer slower than this is a server in trouble.
+PARSE_TIMEOUT_S = 120.0
+
+
 async def parse_reply(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient | Poster,
     url: str,
     text: str,
     *,
@@ -114,17 +120,33 @@ def _tool_call_id(parser: str, name: str, count: int, call_id: Callable[[int], s
     return call_id(index)
 
 
-async def _post(http: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+class Poster(Protocol):
+    """The run's own HTTP/1.1 client (:class:`eagle_datagen.generate.transport.Transport`): its pool and TLS."""
+
+    async def post(self, base_url: str, path: str, body: bytes, timeout_s: float) -> Any: ...
+
+
+async def _post(http: httpx.AsyncClient | Poster, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One parser call. With the run's :class:`Poster` (as every turn of a run calls them: httpx's pool costs ~10x
+    more CPU per request, docs/performance.md), else through an ``httpx.AsyncClient``."""
     try:
-        response = await http.post(f"{url}{path}", json=body)
-    except httpx.HTTPError as exc:
+        if isinstance(http, httpx.AsyncClient):
+            answer = await http.post(f"{url}{path}", json=body)
+            status, raw = answer.status_code, answer.content
+        else:
+            response = await http.post(url, path, orjson.dumps(body), PARSE_TIMEOUT_S)
+            status, raw = response.status, response.body
+    except (TimeoutError, httpx.HTTPError, TransportError, OSError) as exc:
         raise ServerError(f"{url}{path} could not be reached ({exc.__class__.__name__}: {exc})") from exc
-    if response.status_code != 200:
+    if status != 200:
         raise ServerError(
-            f"{url}{path} answered {response.status_code}: {response.text[:300]}; check the parser name "
+            f"{url}{path} answered {status}: {raw[:300].decode('utf-8', 'replace')}; check the parser name "
             "(SGLang's --reasoning-parser / --tool-call-parser choices)"
         )
-    payload = response.json()
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ServerError(f"{url}{path} answered with no JSON: {raw[:200]!r}") from exc
     if not isinstance(payload, dict):
         raise ServerError(f"{url}{path} answered {type(payload).__name__}, not an object")
     return payload

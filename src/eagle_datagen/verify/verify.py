@@ -14,9 +14,10 @@ errors    parse, torn_line, schema, id_mismatch, duplicate_id, the record check'
           empty_output, completion_tokens, prompt_tail_leak, stop_token, length, abort, nan_finish,
           finish_reason, think_twice, think_reopened, think_closed_twice, think_unopened, think_when_off,
           think_prompt, channel_structure), prompt_mismatch, prompt_row_missing, render_error,
-          shard_count, shard_checksum, shard_missing
+          shard_count, shard_checksum, shard_missing; --turns all runs (verify/turns.py): turn_history,
+          turn_end, turn_missing, turn_after_end
 warnings  stop_in_reasoning, tool_call_ends_reasoning, torn_line (live partial shard), shard_unrecorded,
-          prompts_changed, tokenizer_changed
+          prompts_changed, tokenizer_changed, conversation_open
 
 Speed (docs/verify.md): orjson per line, the id types proven on the line's own compact bytes
 (``bytes.translate``), and C-level list operations in the record check, so no Python loop ever runs over the
