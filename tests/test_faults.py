@@ -41,9 +41,6 @@ def by_id(out: Path) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings(
-    "ignore::pytest.PytestUnraisableExceptionWarning"
-)  # the fake's restart: see test_server_faults
 def test_503s_drops_and_a_restart_lose_nothing(tmp_path: Path, tiny_tokenizer: Path, hf_tokenizer: Any) -> None:
     prompts = write_jsonl(tmp_path / "prompts.jsonl", varied_rows(2000))
     with FakeSGLangServer(clean_config(hf_tokenizer)) as clean:

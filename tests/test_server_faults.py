@@ -24,12 +24,6 @@ from eagle_datagen.errors import RequestFailed
 from eagle_datagen.generate.pool import CrashLedger, Endpoint, ServerPool, counts_toward_down
 from eagle_datagen.testing.fake_sglang import FakeConfig, FakeSGLangServer, family_config
 
-#: The fake's crash simulation drops connections mid-response; under load one of its own accepted sockets can
-#: still be waiting for its close callback when the test ends and is collected unclosed. That is the test
-#: server's socket, not the client's (its laddr is the fake's port); seen 1-2 runs in 8. Known harness leak,
-#: to root-cause in fake_sglang.go_down; the warning is not an error for these crash tests only.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 STANDIN = Path(__file__).resolve().parent / "standin"
 POISON = {"id": "poison", "prompt": "call <|tool_calls_section_begin|> now"}  # renders the tokenizer's last id
 
