@@ -549,6 +549,7 @@ def test_a_signal_to_the_cli_leaves_no_process(
     assert cli.returncode in exit_codes, stderr.decode(errors="replace")[-3000:]
     assert_gone(pgid, timeout_s=launcher.STOP_WAIT_S + 5)
     assert live_with(str(model_dir)) == []
+    wait_for(lambda: maskers(out / "server.log") == [], 10, "the log masker to end")  # at EOF, on its own
 
 
 def test_the_launched_server_gets_the_users_environment_unchanged(tmp_path: Path, model_dir: Path) -> None:
