@@ -31,12 +31,13 @@ from transformers import AutoTokenizer
 
 from conftest import read_records, served_tools, write_jsonl
 from eagle_datagen.cli import main
+from eagle_datagen.inputs.prompts import parse_row
+from eagle_datagen.record.turns import plan_turns
 from eagle_datagen.server.parsers import parse_reply, reply_text
 from eagle_datagen.testing.tiny import TOOL_CALL_MARKUP, Template, script_ids, tool_script
 from real_sglang import SGLangServer, hf_greedy
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
-
+ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES: list[Template] = ["kimi", "chatml"]
 MAX_NEW_TOKENS = 40
 Message = dict[str, Any]
@@ -190,6 +191,8 @@ def invoke(*args: str) -> Any:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
+@pytest.mark.sglang
+@pytest.mark.slow
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_every_turn_renders_from_the_parsed_replies_and_is_transformers_greedy(
     tmp_path: Path, template: Template, expected: dict[str, dict[str, Any]], request: pytest.FixtureRequest
@@ -276,6 +279,8 @@ def cut_mid_conversation(records: list[dict[str, Any]]) -> bool:
     return len(records) >= 8 and any(3 not in t for t in turns.values())
 
 
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_kill_9_in_the_middle_of_conversations_then_resume_gives_an_uninterrupted_runs_records(
     tmp_path: Path, tool_kimi_model: Path, tool_kimi_server: SGLangServer
 ) -> None:
@@ -321,3 +326,15 @@ def test_kill_9_in_the_middle_of_conversations_then_resume_gives_an_uninterrupte
     assert got == want
     verified = invoke("verify-shard", str(cut))
     assert verified.exit_code == 0, verified.output
+
+
+def test_the_demo_conversations_are_valid_rows_with_the_turns_the_demo_prints() -> None:
+    """examples/conversations.jsonl (``make demo``'s multi-turn run): every row parses, and the turns each can
+    reach (one per source assistant turn, plus the last) stay what the demo's text describes."""
+    path = ROOT / "examples" / "conversations.jsonl"
+    turns = {}
+    for line, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        row = parse_row(raw, str(path), line)
+        turns[row.key] = plan_turns(row.messages, str(path), line).turns
+    assert turns == {"chat-00": 3, "chat-01": 2, "weather-00": 3, "weather-01": 3, "weather-then-chat": 3,
+                     "other-tool": 2}  # fmt: skip
