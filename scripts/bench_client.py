@@ -239,6 +239,22 @@ def rss_mb_of_children() -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+def busy_integral(timeline: list[tuple[float, int]], a: float, b: float) -> float:
+    """∫ busy slots dt over [a, b], from the fake's (t, busy) change points."""
+    total = 0.0
+    busy_before = 0
+    t_prev = a
+    for t, busy in timeline:
+        if t <= a:
+            busy_before = busy
+            continue
+        if t >= b:
+            break
+        total += busy_before * (t - t_prev)
+        t_prev, busy_before = t, busy
+    return total + busy_before * max(0.0, b - t_prev)
+
+
 def utilisation(stats: dict[str, Any], capacity: int, requests: int) -> dict[str, Any]:
     """Busy slots / B, integrated over the fake's (t, busy) change points.
 
@@ -264,22 +280,8 @@ def utilisation(stats: dict[str, Any], capacity: int, requests: int) -> dict[str
                 break
         previous = busy
 
-    def integral(a: float, b: float) -> float:
-        total = 0.0
-        busy_before = 0
-        t_prev = a
-        for t, busy in timeline:
-            if t <= a:
-                busy_before = busy
-                continue
-            if t >= b:
-                break
-            total += busy_before * (t - t_prev)
-            t_prev, busy_before = t, busy
-        return total + busy_before * max(0.0, b - t_prev)
-
     def share(a: float, b: float) -> float | None:
-        return integral(a, b) / (capacity * (b - a)) if b > a else None
+        return busy_integral(timeline, a, b) / (capacity * (b - a)) if b > a else None
 
     tail_start = end_work - 0.1 * (end_work - start)
     return {

@@ -35,7 +35,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_client import PY, FakeServer, cpu_cores, machine, tiny_tokenizer  # noqa: E402
+from bench_client import PY, FakeServer, busy_integral, cpu_cores, machine, tiny_tokenizer  # noqa: E402
 
 
 def conversations(n: int, seed: int) -> tuple[list[dict[str, Any]], int]:
@@ -54,19 +54,6 @@ def conversations(n: int, seed: int) -> tuple[list[dict[str, Any]], int]:
                 messages.append({"role": "assistant", "content": "a source reply that is regenerated"})
         rows.append({"id": f"conv-{i}", "messages": messages})
     return rows, turns
-
-
-def integral(timeline: list[tuple[float, int]], a: float, b: float) -> float:
-    total, busy_before, t_prev = 0.0, 0, a
-    for t, busy in timeline:
-        if t <= a:
-            busy_before = busy
-            continue
-        if t >= b:
-            break
-        total += busy_before * (t - t_prev)
-        t_prev, busy_before = t, busy
-    return total + busy_before * max(0.0, b - t_prev)
 
 
 def read_records(out: Path) -> list[dict[str, Any]]:
@@ -111,10 +98,11 @@ def one_run(args: argparse.Namespace, work: Path, tokenizer: Path, prompts: Path
     end_work = ends[len(ends) - b] if len(ends) >= b else end_all  # fewer than B conversations left after this
     return {
         "records": len(records),
+        "distinct_ids": len({r["id"] for r in records}),
         "conversations": len(last),
         "wall_s": round(wall, 2),
-        "while_work_remains": integral(timeline, start, end_work) / (b * (end_work - start)),
-        "whole_run": integral(timeline, start, end_all) / (b * (end_all - start)),
+        "while_work_remains": busy_integral(timeline, start, end_work) / (b * (end_work - start)),
+        "whole_run": busy_integral(timeline, start, end_all) / (b * (end_all - start)),
         "work_window_s": round(end_work - start, 2),
         "run_s": round(end_all - start, 2),
         "max_waiting": stats.get("max_waiting"),
@@ -160,7 +148,7 @@ def main() -> None:
         with FakeServer(config, work, server_core) as fake:
             for i in range(args.repeat):
                 result = one_run(args, work, tokenizer, prompts, fake, client_core, i)
-                if result["records"] != turns:
+                if result["records"] != turns or result["distinct_ids"] != turns:
                     raise RuntimeError(f"{result['records']} records, {turns} turns planned")
                 runs.append(result)
                 print(json.dumps(result), flush=True)
