@@ -279,3 +279,35 @@ def test_a_turn_whose_reply_cannot_be_parsed_fails_and_resume_goes_on_from_there
     assert second.exit_code == 0, second.output
     assert sorted(read_records(out), key=lambda r: r["id"]) == expected
     assert invoke("verify-shard", str(out)).exit_code == 0
+
+
+def test_a_mix_keeps_each_conversation_in_its_variant_and_samples_are_conversations_of_their_own(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [conversation(i, 3) for i in range(10)])
+    out = tmp_path / "out"
+    result = invoke(
+        *run_args(prompts, out, tiny_tokenizer, fake_server, "--samples-per-prompt", "2", "--seed", "3",
+                  "--mix-entry", 'think:1:{"chat_template_kwargs": {"thinking": true}}',
+                  "--mix-entry", 'chat:1:{"chat_template_kwargs": {"thinking": false}}')
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = read_records(out)
+    assert len(records) == 10 * 2 * 3
+    by_conversation: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for record in records:
+        assert record["id"] == f"{record['key']}#{record['sample']}@t{record['turn']}"
+        by_conversation.setdefault((record["key"], record["sample"]), []).append(record)
+    tokenizer = load_tokenizer(tiny_tokenizer)
+    think = tokenizer.convert_tokens_to_ids("<think>")
+    variants = set()
+    for turns in by_conversation.values():
+        assert len({r["variant"] for r in turns}) == 1  # one variant for all turns of a conversation
+        variants.add(turns[0]["variant"])
+        for record in turns:
+            thinking = record["variant"] == "think"
+            assert (record["prompt_ids"][-1] == think) == thinking
+            assert bool(record["reply"]["reasoning_content"]) == thinking
+        assert len({r["sampling_params"]["sampling_seed"] for r in turns}) == 3  # a seed per turn record
+    assert variants == {"think", "chat"}
+    assert invoke("verify-shard", str(out)).exit_code == 0
