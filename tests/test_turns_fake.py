@@ -311,3 +311,28 @@ def test_a_mix_keeps_each_conversation_in_its_variant_and_samples_are_conversati
         assert len({r["sampling_params"]["sampling_seed"] for r in turns}) == 3  # a seed per turn record
     assert variants == {"think", "chat"}
     assert invoke("verify-shard", str(out)).exit_code == 0
+
+
+def test_verify_with_a_server_parses_every_reply_again(tmp_path: Path, tiny_tokenizer: Path, fake_server: Any) -> None:
+    """verify-shard --server-url: each turn's output_ids parsed again by that server's parsers (the client's own
+    parse_turn) must give the recorded reply."""
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [conversation(i, 2) for i in range(6)])
+    out = tmp_path / "out"
+    assert invoke(*run_args(prompts, out, tiny_tokenizer, fake_server)).exit_code == 0
+    plain = invoke("verify-shard", str(out), "--json")
+    assert any("reply is what the parsers make" in n for n in json.loads(plain.output)["not_checked"])
+    checked = invoke("verify-shard", str(out), "--server-url", fake_server.url, "--json")
+    assert checked.exit_code == 0, checked.output
+    assert not any("reply is what the parsers make" in n for n in json.loads(checked.output)["not_checked"])
+
+    shard = next((out / "shards").glob("shard_*.jsonl"))
+    records = [orjson.loads(line) for line in shard.read_bytes().splitlines()]
+    for record in records:
+        if record["id"] == "c3@t2":  # the last turn: nothing after it repeats its reply
+            record["reply"]["reasoning_content"] += " (edited)"
+    shard.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    edited = invoke("verify-shard", str(out), "--server-url", fake_server.url, "--json")
+    errors = json.loads(edited.output)["errors"]
+    assert edited.exit_code == 1
+    assert [f["id"] for f in errors["reply_mismatch"]["examples"]] == ["c3@t2"]
+    assert set(errors) <= {"reply_mismatch", "shard_checksum"}, errors

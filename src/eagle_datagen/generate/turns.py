@@ -82,6 +82,51 @@ class TurnResult:
     next_prompt_ids: list[int] | None = None
 
 
+def opener_text(tokenizer: Any, family: Family, prompt_ids: Sequence[int]) -> str:
+    """The reasoning opener the prompt's tail holds (``<think>``, ``<think>\\n``), which the output then lacks: the
+    parsers look for it in the text they get."""
+    if family.think_open is None or expectation(family, prompt_ids) != "inside":
+        return ""
+    tail = list(prompt_ids[-16:])
+    at = len(tail) - 1 - tail[::-1].index(family.think_open)
+    text: str = tokenizer.decode(tail[at:], skip_special_tokens=False)
+    return text
+
+
+async def parse_turn(
+    http: httpx.AsyncClient | Poster,
+    url: str,
+    config: TurnConfig,
+    *,
+    tokenizer: Any,
+    family: Family,
+    stop_ids: Sequence[int],
+    record_id: str,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    tools: Sequence[dict[str, Any]] | None,
+    messages: Sequence[Message],
+) -> Message:
+    """One turn's output as the assistant message serving keeps: decoded (special tokens kept, the stop token left
+    out, the prompt's reasoning opener in front) and split by the server's parsers. Tool-call ids follow the
+    parser's serving rule, else ``call_{record id}_{index}``. The client and ``verify-shard --server-url`` both call
+    this. Raises :class:`ServerError`."""
+    text = await asyncio.to_thread(
+        reply_text, tokenizer, output_ids, stop_ids, opened_by_prompt=opener_text(tokenizer, family, prompt_ids)
+    )
+    parsed = await parse_reply(
+        http,
+        url,
+        text,
+        reasoning_parser=config.reasoning_parser,
+        tool_call_parser=config.tool_call_parser,
+        tools=tools,
+        call_id=lambda index: f"call_{record_id}_{index}",
+        earlier_calls=count_calls(messages),
+    )
+    return parsed.message()
+
+
 class TurnDriver:
     """Parses each reply with the server's parsers and renders the next turn (shared by every conversation)."""
 
@@ -109,36 +154,23 @@ class TurnDriver:
         #: A router's URL → a worker's, for the parser endpoints a router may not pass on.
         self.parser_url = dict(parser_url or {})
 
-    def opener(self, prompt_ids: Sequence[int]) -> str:
-        """The reasoning opener the prompt's tail holds (``<think>``, ``<think>\\n``), which the output then lacks:
-        the parsers look for it in the text they get."""
-        family = self.family
-        if family.think_open is None or expectation(family, prompt_ids) != "inside":
-            return ""
-        tail = list(prompt_ids[-16:])
-        at = len(tail) - 1 - tail[::-1].index(family.think_open)
-        text: str = self.tokenizer.decode(tail[at:], skip_special_tokens=False)
-        return text
-
     async def parse(
         self, url: str, conversation: Conversation, prompt_ids: Sequence[int], output_ids: Sequence[int]
     ) -> Message:
-        """The reply as serving keeps it: :func:`parse_reply` on the decoded output (raises :class:`ServerError`)."""
-        text = await asyncio.to_thread(
-            reply_text, self.tokenizer, output_ids, self.stop_ids, opened_by_prompt=self.opener(prompt_ids)
-        )
-        rid = conversation.record_id
-        parsed = await parse_reply(
+        """The reply as serving keeps it (:func:`parse_turn`; raises :class:`ServerError`)."""
+        return await parse_turn(
             self.http,
             self.parser_url.get(url, url),
-            text,
-            reasoning_parser=self.config.reasoning_parser,
-            tool_call_parser=self.config.tool_call_parser,
+            self.config,
+            tokenizer=self.tokenizer,
+            family=self.family,
+            stop_ids=self.stop_ids,
+            record_id=conversation.record_id,
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
             tools=conversation.row.tools,
-            call_id=lambda index: f"call_{rid}_{index}",
-            earlier_calls=count_calls(conversation.messages),
+            messages=conversation.messages,
         )
-        return parsed.message()
 
     async def advance(self, conversation: Conversation, reply: Message, finish_type: str) -> TurnResult:
         """The step after this turn (:func:`next_step`) and, when the conversation goes on, the next prompt."""

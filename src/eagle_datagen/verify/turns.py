@@ -60,6 +60,51 @@ class _Pending:
     record: dict[str, Any]
 
 
+class ReplyCheck:
+    """``verify-shard --server-url``: each turn's output parsed again by that server's parsers (the client's own
+    :func:`eagle_datagen.generate.turns.parse_turn`), which must give the recorded ``reply``."""
+
+    def __init__(self, url: str, plan_turns_json: dict[str, Any], tokenizer: Any, family: Any, stop_ids: Sequence[int],
+                 api_key: str | None) -> None:  # fmt: skip
+        from eagle_datagen.record.turns import TurnConfig
+
+        self.url = url
+        self.config = TurnConfig(
+            plan_turns_json.get("reasoning_parser"),
+            plan_turns_json.get("tool_call_parser"),
+            str(plan_turns_json.get("on_truncated_turn") or "stop"),
+        )
+        self.tokenizer = tokenizer
+        self.family = family
+        self.stop_ids = list(stop_ids)
+        self.api_key = api_key
+
+    def replies(self, work: list[tuple[str, dict[str, Any], list[dict[str, Any]] | None]]) -> list[Any]:
+        """``(record id, record, row tools)`` → the parsed reply of each (or the :class:`ServerError`)."""
+        import asyncio
+
+        import httpx
+
+        from eagle_datagen.generate.turns import parse_turn
+
+        async def all_of() -> list[Any]:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            async with httpx.AsyncClient(timeout=120, headers=headers) as http:
+                semaphore = asyncio.Semaphore(16)
+
+                async def one(rid: str, record: dict[str, Any], tools: list[dict[str, Any]] | None) -> Any:
+                    async with semaphore:
+                        return await parse_turn(
+                            http, self.url, self.config, tokenizer=self.tokenizer, family=self.family,
+                            stop_ids=self.stop_ids, record_id=rid, prompt_ids=record["prompt_ids"],
+                            output_ids=record["output_ids"], tools=tools, messages=record["messages"],
+                        )  # fmt: skip
+
+                return await asyncio.gather(*(one(*w) for w in work), return_exceptions=True)
+
+        return asyncio.run(all_of())
+
+
 class TurnChecker:
     """Checks turn records against their source rows (``index``: verify's :class:`PromptIndex`)."""
 
@@ -71,7 +116,9 @@ class TurnChecker:
         on_truncated: str,
         error: Sink,
         warn: Sink,
+        reply_check: ReplyCheck | None = None,
     ) -> None:
+        self.reply_check = reply_check
         self.renderer = renderer
         self.index = index
         self.on_truncated = on_truncated
@@ -106,6 +153,17 @@ class TurnChecker:
             rendered = self.renderer.render_many([row for _, row in to_render], str(self.index.path))
             for (pending, _), ids in zip(to_render, rendered, strict=True):
                 self._compare(pending, ids)
+        if self.reply_check is not None and to_render:
+            work = [(p.rid, p.record, row.tools) for p, row in to_render]
+            for (pending, _), reply in zip(to_render, self.reply_check.replies(work), strict=True):
+                where = (pending.path, pending.line, pending.rid)
+                if isinstance(reply, Exception):
+                    self.error("reply_unchecked", *where, f"the server's parsers did not answer: {reply}")
+                elif reply != pending.record["reply"]:
+                    self.error(
+                        "reply_mismatch", *where,
+                        f"the server's parsers split output_ids as {_short(reply)}, not as the recorded reply",
+                    )  # fmt: skip
         self.pending.clear()
 
     def _rows(self, keys: set[str]) -> dict[str, PromptRow | str]:
@@ -215,6 +273,11 @@ class TurnChecker:
                     f"{base!r} has no end after turn {last}: `eagle-datagen resume` continues it",
                 )
         self.turns.clear()
+
+
+def _short(value: Any) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _schema_problem(record: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ errors    parse, torn_line, schema, id_mismatch, duplicate_id, the record check'
           finish_reason, think_twice, think_reopened, think_closed_twice, think_unopened, think_when_off,
           think_prompt, channel_structure), prompt_mismatch, prompt_row_missing, render_error,
           shard_count, shard_checksum, shard_missing; --turns all runs (verify/turns.py): turn_history,
-          turn_end, turn_missing, turn_after_end
+          turn_end, turn_missing, turn_after_end, and with --server-url reply_mismatch, reply_unchecked
 warnings  stop_in_reasoning, tool_call_ends_reasoning, torn_line (live partial shard), shard_unrecorded,
           prompts_changed, tokenizer_changed, conversation_open
 
@@ -57,7 +57,7 @@ from eagle_datagen.record.family import Family, detect_family
 from eagle_datagen.record.turns import turn_id
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
 from eagle_datagen.store.shards import SHARD_RE, ShardInfo, record_id
-from eagle_datagen.verify.turns import TurnChecker
+from eagle_datagen.verify.turns import ReplyCheck, TurnChecker
 
 SHARDS_DIR = "shards"
 RENDER_BATCH = 256
@@ -589,12 +589,21 @@ class Setup:
         context.rerender = Rerenderer(row_renderer, index, self._render_error)
         turns = plan.get("turns")
         if isinstance(turns, dict):
+            reply_check = None
+            if self.options.server_url is not None:  # the replies parsed again by that server's parsers
+                reply_check = ReplyCheck(
+                    self.options.server_url, turns, renderer.tokenizer, context.family, sorted(context.stop_ids or ()),
+                    os.environ.get("EAGLE_DATAGEN_API_KEY") or None,
+                )  # fmt: skip
+            else:
+                self.report.skip(f"{run_dir}: that each turn's reply is what the parsers make of it; pass --server-url")
             context.turns = TurnChecker(
                 row_renderer,
                 index,
                 on_truncated=str(turns.get("on_truncated_turn") or "stop"),
                 error=self._render_error,
                 warn=self._warning,
+                reply_check=reply_check,
             )
 
     def _server_hook(self, renderer: Renderer, plan: dict[str, Any], run_dir: Path) -> RowRenderer:
