@@ -362,6 +362,11 @@ async def _execute(
         if resume:
             going_on = sum(1 for b, k in turn_state.last_turn.items() if k and b not in turn_state.ended)
             echo(f"  conversations: {len(turn_state.ended)} ended, {going_on} to continue from their last turn")
+        if lost := turn_state.unreadable():
+            echo(
+                f"  warning: {len(lost)} conversation(s) are not continued: their last turn record could not be read "
+                f"back from the shards (e.g. {lost[0]!r}); check them with `eagle-datagen verify-shard {out}`"
+            )
     if scan is None:
         try:
             scan = scan_prompts(config, skip_ids, turn_state)

@@ -259,6 +259,11 @@ class TurnState:
             state.records[going_on[rid]] = record
         return state
 
+    def unreadable(self) -> list[str]:
+        """Conversations whose last durable turn could not be read back from the shards (they are not continued:
+        that would write a turn twice; ``verify-shard`` shows what is wrong with the shard)."""
+        return sorted(b for b, k in self.last_turn.items() if k and b not in self.ended and b not in self.records)
+
     def found_ended(self) -> list[dict[str, Any]]:
         """Ends that records show but ``conversations.jsonl`` lacks (a stop between the two writes): their
         entries, to append; they count as ended from now on."""
