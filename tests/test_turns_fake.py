@@ -336,3 +336,19 @@ def test_verify_with_a_server_parses_every_reply_again(tmp_path: Path, tiny_toke
     assert edited.exit_code == 1
     assert [f["id"] for f in errors["reply_mismatch"]["examples"]] == ["c3@t2"]
     assert set(errors) <= {"reply_mismatch", "shard_checksum"}, errors
+
+
+def test_show_says_where_a_turn_stands_and_what_its_reply_became(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [conversation(i, 2) for i in range(3)])
+    out = tmp_path / "out"
+    assert invoke(*run_args(prompts, out, tiny_tokenizer, fake_server)).exit_code == 0
+    shown = invoke("show", str(out), "--where", "conversation=c1", "--limit", "2", "--no-color")
+    assert shown.exit_code == 0, shown.output
+    assert "turn 1 of conversation 'c1'; the conversation goes on" in shown.output
+    assert "turn 2 of conversation 'c1'; the conversation ends here: complete" in shown.output
+    assert "reply (as the parsers split it" in shown.output and "reasoning_content" in shown.output
+    assert (
+        invoke("show", str(out), "--where", "end=complete", "--limit", "5", "--no-color").output.count("turn 2 of") == 3
+    )

@@ -31,6 +31,8 @@ WHERE_FIELDS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "turn": lambda r: r.get("turn", 0),
     "key": lambda r: r.get("key"),
     "sample": lambda r: r.get("sample"),
+    "conversation": lambda r: r.get("conversation"),
+    "end": lambda r: r.get("end") if "turn" in r else None,
 }
 OPEN_MARK, CLOSE_MARK = "⟦", "⟧"
 
@@ -142,6 +144,23 @@ def _head(title: str, color: str) -> str:
     return click.style(f"── {title} ──", fg=color, bold=True)
 
 
+def _reply_lines(reply: dict[str, Any]) -> list[str]:
+    """A turn's parsed reply (the next turn's history message), in short."""
+
+    def short(text: Any, n: int = 120) -> str:
+        value = str(text or "").replace("\n", "\\n")
+        return repr(value if len(value) <= n else value[:n] + "…")
+
+    lines = [f"reply (as the parsers split it, the next turn's history): content {short(reply.get('content'))}"]
+    if "reasoning_content" in reply:
+        lines.append(f"  reasoning_content {len(str(reply['reasoning_content'] or '')):,} chars: "
+                     f"{short(reply['reasoning_content'], 80)}")  # fmt: skip
+    for call in reply.get("tool_calls") or []:
+        function = call.get("function") or {}
+        lines.append(f"  tool call {call.get('id')}: {function.get('name')}({short(function.get('arguments'), 80)})")
+    return lines
+
+
 def render(found: Located, decoder: Decoder, markers: Markers) -> list[str]:
     """The lines that show one record."""
     r = found.record
@@ -170,6 +189,15 @@ def render(found: Located, decoder: Decoder, markers: Markers) -> list[str]:
             f"variant: {r['variant']}; template kwargs {orjson.dumps(r.get('chat_template_kwargs', {})).decode()}; "
             f"sampling {orjson.dumps(r.get('sampling_params', {})).decode()}"
         )
+    if "turn" in r:  # --turns all: where the turn stands in its conversation, and its parsed reply
+        end = r.get("end")
+        lines.append(
+            f"turn {r['turn']} of conversation {r.get('conversation')!r}; "
+            + (f"the conversation ends here: {end}" if end else "the conversation goes on")
+            + (f" ({r['end_detail']})" if r.get("end_detail") else "")
+            + f"; rendered from {len(r.get('messages') or [])} messages"
+        )
+        lines.extend(_reply_lines(r.get("reply") or {}))
     if isinstance(r.get("started"), (int, float)) and isinstance(r.get("finished"), (int, float)):
         lines.append(f"server: {r.get('server')}; {r['finished'] - r['started']:.3f} s")
     lines.append(
