@@ -227,3 +227,30 @@ def test_two_real_sglang_servers_behind_the_router_give_the_records_of_one(
     assert direct.exit_code == 0, direct.output
     via = {r["id"]: r for r in read_records(tmp_path / "routed")}
     assert via == {r["id"]: r for r in read_records(tmp_path / "direct")} and len(via) == 16
+
+
+def test_turns_all_through_a_router_gives_the_records_of_one_server(
+    tmp_path: Path, tiny_tokenizer: Path, two_fakes: list[Any]
+) -> None:
+    """--turns all behind sglang-router: every turn's /generate goes through the router, the parser calls to one
+    of its workers (a router is not asked to pass them on), and the records are those of one server."""
+    conversations = [
+        {"id": f"c{i}", "messages": [m for u in range(1 + i % 3) for m in (
+            {"role": "user", "content": f"question {u} of {i}"}, {"role": "assistant", "content": "source"})]}
+        for i in range(12)
+    ]  # fmt: skip
+    prompts = write_jsonl(tmp_path / "convs.jsonl", conversations)
+    turns = ["--turns", "all", "--reasoning-parser-name", "kimi_k2", "--max-new-tokens", "128"]
+    with router_over([s.url for s in two_fakes], tmp_path / "router.log") as router_url:
+        probe = httpx.post(f"{router_url}/separate_reasoning", json={"text": "x", "reasoning_parser": "kimi_k2"})
+        result = run(prompts, tmp_path / "via-router", tiny_tokenizer, "--server-url", router_url, *turns)
+    assert result.exit_code == 0, result.output
+    # The router answers 404 to the parser endpoints (measured): the run parses on one of its workers instead.
+    assert probe.status_code == 404
+    parsed_on = [sum(s.stats()["parser_calls"].values()) for s in two_fakes]
+    assert sum(parsed_on) >= 24 + 1  # every turn, and the probe at the start
+    direct = run(prompts, tmp_path / "direct", tiny_tokenizer, "--server-url", two_fakes[0].url, *turns)
+    assert direct.exit_code == 0, direct.output
+    via = {r["id"]: r for r in read_records(tmp_path / "via-router")}
+    assert via == {r["id"]: r for r in read_records(tmp_path / "direct")} and len(via) == 24
+    assert all(s.stats()["generate_responses"] > 0 for s in two_fakes)

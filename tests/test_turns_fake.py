@@ -352,3 +352,26 @@ def test_show_says_where_a_turn_stands_and_what_its_reply_became(
     assert (
         invoke("show", str(out), "--where", "end=complete", "--limit", "5", "--no-color").output.count("turn 2 of") == 3
     )
+
+
+def test_render_server_renders_every_turn_through_the_server_and_gives_the_same_records(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagle_datagen.server.tokenize import ServerRenderer
+
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [conversation(i, 3) for i in range(5)])
+    client = tmp_path / "client"
+    assert invoke(*run_args(prompts, client, tiny_tokenizer, fake_server)).exit_code == 0
+    rendered: list[int] = []
+    real = ServerRenderer.tokenize
+
+    def counting(self: Any, row: Any, path: str = "<prompts>") -> list[int]:
+        rendered.append(len(row.messages))
+        return real(self, row, path)
+
+    monkeypatch.setattr(ServerRenderer, "tokenize", counting)
+    served = tmp_path / "served"
+    result = invoke(*run_args(prompts, served, tiny_tokenizer, fake_server, "--render", "server"))
+    assert result.exit_code == 0, result.output
+    assert {r["id"]: r for r in read_records(served)} == {r["id"]: r for r in read_records(client)}
+    assert sum(1 for n in rendered if n >= 3) == 10  # turns 2 and 3 of each conversation: rendered by the server
