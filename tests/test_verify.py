@@ -429,10 +429,40 @@ def test_the_byte_proof_of_int_lists_never_accepts_what_the_exact_path_rejects()
         option = orjson.OPT_INDENT_2 if i % 3 == 0 else 0
         raw = orjson.dumps({"id": "a", "prompt_ids": prompt, "output_ids": output}, option=option).replace(b"\n", b"")
         exact = _exact_types_problem(prompt, output) is None and min(prompt + output) >= 0
-        if _compact_int_lists(raw + b"\n", prompt, output):
+        if _compact_int_lists(raw + b"\n", prompt, output) is not None:
             accepted += 1
             assert exact, raw
     assert accepted > 1000
+
+
+def test_the_record_checks_fast_path_on_compact_text_gives_the_exact_paths_verdicts() -> None:
+    """check_record with verify's compact-text hint (no min() scans, early stop ids found with memmem) must give
+    the same verdict as without it, on random outputs with stop ids anywhere, for stop, length and text stops."""
+    from eagle_datagen.record.checks import RecordSpec, check_record
+
+    rng = random.Random(1)
+    stops = frozenset({163586, 163585})
+    spec = RecordSpec(vocab_size=163840, stop_ids=stops)
+    pool = [0, 5, 1635, 16358, 163586, 163585, 63586, 1635860, 163839, 163840, 86]
+    differ = 0
+    for i in range(6000):
+        output = [rng.choice(pool) for _ in range(rng.randint(1, 8))]
+        prompt = [rng.choice(pool[:4]) for _ in range(rng.randint(1, 4))]
+        kind = rng.choice(["stop", "stop", "length", "text"])
+        finish: dict[str, Any] = (
+            {"type": "stop", "matched": output[-1]} if kind == "stop"
+            else {"type": "length", "length": len(output)} if kind == "length"
+            else {"type": "stop", "matched": "END"}
+        )  # fmt: skip
+        raw = orjson.dumps({"id": "a", "key": "a", "sample": 0, "prompt_ids": prompt, "output_ids": output})
+        compact = _compact_int_lists(raw + b"\n", prompt, output)
+        assert compact, raw  # orjson's layout: digits and commas only
+        args = (spec, prompt, output, finish, len(output))
+        exact = check_record(*args, max_new_tokens=len(output) if i % 2 else None)
+        fast = check_record(*args, max_new_tokens=len(output) if i % 2 else None, compact_output=compact)
+        assert (fast.errors, fast.warnings) == (exact.errors, exact.warnings), (output, finish)
+        differ += bool(exact.errors)
+    assert 500 < differ < 5500  # both verdicts occur
 
 
 def test_prompt_shapes() -> None:

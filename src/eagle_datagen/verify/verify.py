@@ -74,6 +74,7 @@ _PROMPT_KEY = b'"prompt_ids":['
 _BETWEEN_LISTS = b'],"output_ids":['
 #: What a JSON list of non-negative integers holds between its brackets.
 _ID_LIST_BYTES = b"0123456789, \t\r\n"
+_DIGITS_COMMAS = b"0123456789,"
 READ_BUFFER = 1 << 20
 _NEWLINE = ord("\n")
 _FIELDS: tuple[tuple[str, type], ...] = (
@@ -778,14 +779,16 @@ class Checker:
         if not prompt:
             self.error("schema", line, rid, "prompt_ids is empty")
             return
-        if not _compact_int_lists(raw, prompt, output):
+        compact = _compact_int_lists(raw, prompt, output)
+        if compact is None:
             problem = _exact_types_problem(prompt, output)
             if problem is not None:
                 self.error(problem[0], line, rid, problem[1])
                 return
         verdict = check_record(
-            self.spec, prompt, output, finish, completion, max_new_tokens=self.context.max_new_tokens
-        )
+            self.spec, prompt, output, finish, completion, max_new_tokens=self.context.max_new_tokens,
+            compact_output=compact or None,
+        )  # fmt: skip
         for kind, message in verdict.errors:
             self.error(kind, line, rid, message)
         for kind, message in verdict.warnings:
@@ -818,32 +821,39 @@ class Checker:
                 context.turns.settle()
 
 
-def _compact_int_lists(raw: bytes, prompt: list[Any], output: list[Any]) -> bool:
-    """True when both lists are non-negative ints, proven on the writer's compact layout in ``raw``.
+def _compact_int_lists(raw: bytes, prompt: list[Any], output: list[Any]) -> bytes | None:
+    """The output ids' text when both lists are non-negative ints, proven on the writer's compact layout in ``raw``
+    (``b""`` when that text holds whitespace: proven, but not the digits-and-commas text the record check's fast
+    path searches).
 
     The text between each list's brackets holds nothing but digits, commas and whitespace (``bytes.translate``
     deletes those in C; anything left is a sign, a float, a literal, a string or a nested value), its commas
     number one less than the parsed list's length, and it ends with the parsed list's last id (a guard against a
-    look-alike key elsewhere in the line). ``False`` sends the record to :func:`_exact_types_problem`."""
+    look-alike key elsewhere in the line). ``None`` sends the record to :func:`_exact_types_problem`."""
     start = raw.find(_PROMPT_KEY)
     if start < 0 or not prompt or not output:
-        return False
+        return None
     start += len(_PROMPT_KEY)
     prompt_end = raw.find(b"]", start)
     if prompt_end < 0 or not raw.startswith(_BETWEEN_LISTS, prompt_end):
-        return False
+        return None
     out_start = prompt_end + len(_BETWEEN_LISTS)
     end = raw.find(b"]", out_start)
     if end < 0:
-        return False
+        return None
+    text, spaced = b"", False
     for lo, hi, ids in ((start, prompt_end, prompt), (out_start, end, output)):
         text = raw[lo:hi]
-        if text.translate(None, _ID_LIST_BYTES) or text.count(b",") != len(ids) - 1:
-            return False
+        if text.translate(None, _DIGITS_COMMAS):  # not the writer's own layout: whitespace is still a proof
+            spaced = True
+            if text.translate(None, _ID_LIST_BYTES):
+                return None
+        if text.count(b",") != len(ids) - 1:
+            return None
         last = ids[-1]
         if type(last) is not int or not text.rstrip().endswith(b"%d" % last):
-            return False
-    return True
+            return None
+    return b"" if spaced else text
 
 
 def _exact_types_problem(prompt: list[Any], output: list[Any]) -> Problem | None:
