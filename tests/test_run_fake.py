@@ -167,11 +167,39 @@ def test_preflight_failure_stops_before_any_real_request(
     tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
 ) -> None:
     fake_server.update_config(leak_prompt_tail=True)
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "x"}])
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": f"x {i}"} for i in range(6)])
     result = invoke(*run_args(prompts, tmp_path / "out", tiny_tokenizer, fake_server))
     assert result.exit_code == 1
     assert "preflight request" in result.output and "prompt_tail_leak" in result.output
-    assert fake_server.stats()["generate_received"] == 1
+    # three prompts in a row fail their checks: a server problem, not one record's; no real request was sent
+    assert fake_server.stats()["generate_received"] == 3
+
+
+def test_a_prompt_whose_preflight_fails_its_check_is_held_and_the_next_one_preflights(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume that retries a record which failed its check before (greedy: it fails again) must not stop at the
+    preflight: the next prompt is the preflight, the held one is sent once it passed and fails as a record."""
+    from eagle_datagen.generate import client
+
+    real = client.parse_generate_response
+
+    def bad_for_first(payload: Any, input_ids: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
+        if input_ids == first_prompt[0]:
+            raise client.RequestFailed("check_think_when_off", "thinking off, yet <think>", retryable=False)
+        return real(payload, input_ids, sampling_params, *args, **kwargs)
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": f"x {i}"} for i in range(5)])
+    first_prompt: list[Any] = [Renderer(load_tokenizer(tiny_tokenizer)).render(next(iter(PromptReader(prompts))))]
+    monkeypatch.setattr(client, "parse_generate_response", bad_for_first)
+    out = tmp_path / "out"
+    result = invoke(*run_args(prompts, out, tiny_tokenizer, fake_server))
+    assert result.exit_code == 3, result.output
+    assert sorted(r["id"] for r in read_records(out)) == ["p1", "p2", "p3", "p4"]
+    (failure,) = [orjson.loads(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
+    assert failure["id"] == "p0" and failure["kind"] == "check_think_when_off"
+    again = invoke("resume", "--out", str(out), "--no-progress")  # the advice works: it retries p0 (which fails)
+    assert again.exit_code == 3 and "preflight request" not in again.output, again.output
 
 
 def test_a_400_is_recorded_with_sglangs_message_and_not_retried(

@@ -553,6 +553,7 @@ async def _execute(
         wall_s=time.time() - started,
         samples=config.samples_per_prompt,
         unresolved=unresolved,
+        interrupted=interrupted,
     )
     code = EXIT_INTERRUPTED if interrupted else EXIT_FAILED_REQUESTS if unresolved else EXIT_DONE
     return Outcome(summary=summary, interrupted=interrupted, out_dir=out, exit_code=code)

@@ -70,6 +70,7 @@ def format_summary(
     wall_s: float,
     samples: int = 1,
     unresolved: Counter[str] | None = None,
+    interrupted: bool = False,
 ) -> str:
     """What the run did, in a few lines; the last says how many requests failed and where, if any did."""
     lines = [
@@ -89,7 +90,7 @@ def format_summary(
         f"wall time: {wall_s:,.1f} s ({stats.output_tokens / max(wall_s, 1e-9):,.0f} output tok/s)",
     ]
     if unresolved:
-        lines.append(format_failures(unresolved, out_dir))
+        lines.append(format_failures(unresolved, out_dir, interrupted=interrupted))
     return "\n".join(lines)
 
 
@@ -104,8 +105,11 @@ def _conversations_line(stats: Stats) -> str:
     return line + " (see conversations.jsonl)"
 
 
-def format_failures(unresolved: Counter[str], out_dir: Path, *, kept_aside: bool = False) -> str:
-    """The line behind exit code 3: how many records failed, of which kinds, where, and what sends them again."""
+def format_failures(
+    unresolved: Counter[str], out_dir: Path, *, kept_aside: bool = False, interrupted: bool = False
+) -> str:
+    """The line behind exit code 3: how many records failed, of which kinds, where, and what sends them again
+    (``interrupted``: the run was stopped, so it exits 130 and ``resume`` also finishes the rest)."""
     kinds = ", ".join(f"{kind} {n}" for kind, n in unresolved.most_common())
     total = sum(unresolved.values())
     again = shlex.quote(str(out_dir))
@@ -114,4 +118,9 @@ def format_failures(unresolved: Counter[str], out_dir: Path, *, kept_aside: bool
         if kept_aside
         else f"eagle-datagen resume --out {again} sends them again"
     )
+    if interrupted:
+        return (
+            f"stopped with {total} failed record(s) so far ({kinds}): see {out_dir / FAILURES_NAME}; "
+            f"eagle-datagen resume --out {again} sends them again and finishes the rest"
+        )
     return f"finished with {total} failed record(s) ({kinds}): see {out_dir / FAILURES_NAME}; {how} (exit code 3)"

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 BATCH = 64
 BACKPRESSURE_RETRIES = 10
 PREFLIGHT_MAX_NEW_TOKENS = 16
+#: Distinct prompts whose preflight output fails a record check before the preflight fails the run.
+PREFLIGHT_CHECK_PROMPTS = 3
 _END = object()
 #: A row to render, the (record id, sample) pairs its render serves, and their conversations (``--turns all``).
 _Staged = tuple[PromptRow, list[tuple[str, int]], list[Conversation] | None]
@@ -378,6 +380,7 @@ class Pipeline:
         self._last_sync = time.monotonic()
         self._session = secrets.token_hex(4)
         self._counter = 0
+        self._preflight_checks_failed = 0
 
     def request_stop(self) -> None:
         """Stop sending; requests in flight may finish within the grace period of :meth:`run`.
@@ -472,23 +475,38 @@ class Pipeline:
     async def _dispatch(self, group: asyncio.TaskGroup, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
         first = self.preflight
+        #: prompts whose preflight output failed a record check: sent once a preflight passes (or at the end)
+        held: list[WorkItem] = []
         while True:
             batch = await loop.run_in_executor(executor, self.producer.batches)
             if batch is None:
                 continue
             if batch is _END:
+                for item in held:  # no other prompt was left to pass the preflight: they go the normal way
+                    await self._start_item(group, item)
                 return
             if isinstance(batch, BaseException):
                 raise batch
             assert isinstance(batch, list)
             for item in batch:
                 if first and not self.pool.crashes.suspect(item.record_id):  # a suspect goes alone, unchecked
+                    checks_failed = self._preflight_checks_failed
                     first = not await self._preflight(item)
-                await self._items_ahead.acquire()
-                task = group.create_task(self._item(item))
-                self._items.add(task)
-                self._settled.clear()
-                task.add_done_callback(self._item_done)
+                    if self._preflight_checks_failed > checks_failed:
+                        held.append(item)
+                        continue
+                    if not first:
+                        for waiting in held:
+                            await self._start_item(group, waiting)
+                        held.clear()
+                await self._start_item(group, item)
+
+    async def _start_item(self, group: asyncio.TaskGroup, item: WorkItem) -> None:
+        await self._items_ahead.acquire()
+        task = group.create_task(self._item(item))
+        self._items.add(task)
+        self._settled.clear()
+        task.add_done_callback(self._item_done)
 
     def _item_done(self, task: asyncio.Task[None]) -> None:
         self._items.discard(task)
@@ -518,6 +536,16 @@ class Pipeline:
                 busy += 1
                 if counts_toward_down(exc):
                     self.pool.failed(endpoint, item.record_id, connection=exc.kind == "connection")
+                    return False
+                if exc.kind.startswith("check_") and self._preflight_checks_failed < PREFLIGHT_CHECK_PROMPTS - 1:
+                    # This prompt's output failed a record check (the model wrote <think> with thinking off, ...):
+                    # it may be the record itself (a resume retrying it), not the server. The next prompt is the
+                    # preflight; this one is sent the normal way once one passes. Only PREFLIGHT_CHECK_PROMPTS
+                    # prompts in a row failing their checks stop the run.
+                    self._preflight_checks_failed += 1
+                    log.warning(
+                        "preflight: %s failed its record check (%s); trying the next prompt", item.record_id, exc
+                    )
                     return False
                 if exc.status not in BACKPRESSURE_STATUSES or busy > BACKPRESSURE_RETRIES * max(1, self.max_retries):
                     raise PreflightFailed(

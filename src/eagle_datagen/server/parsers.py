@@ -20,6 +20,8 @@ Facts this module is built on (``../shared/docs/sglang-parsers.md``, and SGLang 
   conversation. Every other parser gets a random ``call_…`` id from serving, which would make records differ
   between runs and break resume, so here the id comes from the caller's ``call_id`` (e.g. key, turn, index).
 * With no ``tools`` the function-call parser finds nothing: the markup stays in the answer.
+* An empty reasoning is ``null`` on the serving path (``reasoning_content`` left out of the message), except for
+  ``k2_horizon``, whose templates replay an empty one.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ def reply_text(
     return opened_by_prompt + text
 
 
+#: Parsers whose empty reasoning serving still reports as ``""`` (``serving_chat.py``: "Only K2 templates replay
+#: empty reasoning; other parsers report None"). For every other parser an empty reasoning is ``null``, so the
+#: history message has no ``reasoning_content`` at all, and the template sees what a serving client sends back.
+EMPTY_REASONING_KEPT = frozenset({"k2_horizon"})
 #: A parser call is quick (text in, text out): an answer slower than this is a server in trouble.
 PARSE_TIMEOUT_S = 120.0
 
@@ -90,6 +96,8 @@ async def parse_reply(
     if reasoning_parser is not None:
         split = await _post(http, url, "/separate_reasoning", {"text": text, "reasoning_parser": reasoning_parser})
         reasoning, answer = split.get("reasoning_text") or "", str(split.get("text") or "")
+        if not reasoning and reasoning_parser not in EMPTY_REASONING_KEPT:
+            reasoning = None  # serving reports no reasoning as null, and a client sends it back so
     calls: list[dict[str, Any]] = []
     if tool_call_parser is not None and tools:
         parsed = await _post(
