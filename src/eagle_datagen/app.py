@@ -29,7 +29,8 @@ from eagle_datagen.config import RunConfig
 from eagle_datagen.errors import BadInputError, DatagenError, InternalError, UsageError
 from eagle_datagen.generate.client import auth_headers, make_http_client
 from eagle_datagen.generate.connect import refuse_proxies, ssl_context
-from eagle_datagen.generate.pipeline import Limits, Pipeline, Producer, Stats, record_ids
+from eagle_datagen.generate.limits import Limits
+from eagle_datagen.generate.pipeline import Pipeline, Producer, Stats, record_ids
 from eagle_datagen.generate.pool import Endpoint, ServerPool
 from eagle_datagen.generate.transport import Transport
 from eagle_datagen.generate.turns import TurnDriver, TurnState
@@ -468,8 +469,7 @@ async def _execute(
                     stop_ids=stop_ids,
                     render_one=functools.partial(render_one, path=str(config.prompts)),
                     http=servers.transport,
-                    max_input_len=limits.max_input_len,
-                    model_vocab=limits.model_vocab,
+                    limits=limits,
                     parser_url={f.url: f.workers[0] for f in server_facts if f.workers},
                 )
                 await driver.check_parsers(urls[0])

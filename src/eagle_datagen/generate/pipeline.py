@@ -29,6 +29,7 @@ import orjson
 
 from eagle_datagen.errors import BadInputError, OutputWriteError, PreflightFailed, RequestFailed, ServerError
 from eagle_datagen.generate.client import GenerateResult, generate, is_healthy
+from eagle_datagen.generate.limits import Limits
 from eagle_datagen.generate.pool import BACKPRESSURE_STATUSES, Endpoint, ServerPool, backoff_s, counts_toward_down
 from eagle_datagen.generate.transport import Transport
 from eagle_datagen.generate.turns import Conversation, TurnDriver, TurnResult, TurnState, end_entry
@@ -115,14 +116,6 @@ class Stats:
     @property
     def finish(self) -> Counter[str]:
         return self.tally.finish
-
-
-@dataclass
-class Limits:
-    """Per-prompt limits learned from the servers and the model."""
-
-    max_input_len: int | None = None
-    model_vocab: int | None = None
 
 
 def record_ids(key: str, samples_per_prompt: int) -> list[tuple[str, int]]:
@@ -277,20 +270,11 @@ class Producer:
         prompt_ids: list[int],
         conversations: list[Conversation] | None = None,
     ) -> list[WorkItem]:
-        limit = self.limits.max_input_len
-        if limit is not None and len(prompt_ids) >= limit:
-            self._set_aside(
-                row,
-                "too_long",
-                f"the prompt has {len(prompt_ids)} tokens; the server accepts < {limit}",
-                prompt_tokens=len(prompt_ids),
-            )
-            return []
-        vocab = self.limits.model_vocab
-        if vocab is not None and prompt_ids and max(prompt_ids) >= vocab:
-            self._set_aside(
-                row, "out_of_vocab", f"the prompt has id {max(prompt_ids)} >= the model's vocab_size {vocab}"
-            )
+        problem = self.limits.problem(prompt_ids)
+        if problem is not None:
+            kind, message = problem
+            extra = {"prompt_tokens": len(prompt_ids)} if kind == "too_long" else {}
+            self._set_aside(row, kind, message, **extra)
             return []
         items = [
             WorkItem(rid, row.key, s, row.line, prompt_ids, plan=self.record_plan(row.key, s, rid)) for rid, s in wanted

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from eagle_datagen.errors import BadInputError, ServerError
+from eagle_datagen.generate.limits import Limits
 from eagle_datagen.inputs.prompts import PromptRow
 from eagle_datagen.record.family import Family, expectation
 from eagle_datagen.record.turns import (
@@ -139,8 +140,7 @@ class TurnDriver:
         stop_ids: Sequence[int],
         render_one: RenderOne,
         http: httpx.AsyncClient | Poster,
-        max_input_len: int | None,
-        model_vocab: int | None,
+        limits: Limits,
         parser_url: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
@@ -149,8 +149,7 @@ class TurnDriver:
         self.stop_ids = list(stop_ids)
         self.render_one = render_one
         self.http = http
-        self.max_input_len = max_input_len
-        self.model_vocab = model_vocab
+        self.limits = limits
         #: A router's URL → a worker's, for the parser endpoints a router may not pass on.
         self.parser_url = dict(parser_url or {})
 
@@ -189,17 +188,10 @@ class TurnDriver:
             prompt_ids = await asyncio.to_thread(self.render_one, row)
         except BadInputError as exc:
             return TurnResult(reply, END_RENDER_ERROR, f"turn {conversation.turn + 1}: {exc.detail}")
-        problem = self.limit_problem(prompt_ids)
+        problem = self.limits.problem(prompt_ids)  # too long, or ids beyond the vocabulary: it cannot be sent
         if problem is not None:
-            return TurnResult(reply, END_TOO_LONG, f"turn {conversation.turn + 1}: {problem}")
+            return TurnResult(reply, END_TOO_LONG, f"turn {conversation.turn + 1}: {problem[1]}")
         return TurnResult(reply, None, "", step.messages, prompt_ids)
-
-    def limit_problem(self, prompt_ids: Sequence[int]) -> str | None:
-        if self.max_input_len is not None and len(prompt_ids) >= self.max_input_len:
-            return f"the prompt has {len(prompt_ids)} tokens; the server accepts < {self.max_input_len}"
-        if self.model_vocab is not None and prompt_ids and max(prompt_ids) >= self.model_vocab:
-            return f"the prompt has id {max(prompt_ids)} >= the model's vocab_size {self.model_vocab}"
-        return None
 
     async def check_parsers(self, url: str) -> None:
         """One parse of a probe text before any request, so a wrong parser name stops the run at once."""
