@@ -637,13 +637,12 @@ class Pipeline:
             self.stats.ends[outcome.end] += 1
             self.stats.turns_not_sent += conversation.plan.turns - conversation.turn
             if self.ends is not None:
-                last = {
-                    "id": item.record_id,
-                    "conversation": item.key,
-                    "sample": item.sample,
-                    "turn": conversation.turn,
-                }
-                self.ends.append(end_entry(last, outcome.end, outcome.detail))
+                self.ends.append(
+                    end_entry(
+                        conversation.base_id, item.record_id, item.key, item.sample, conversation.turn,
+                        outcome.end, outcome.detail,
+                    )
+                )  # fmt: skip
             return None
         assert outcome.next_messages is not None and outcome.next_prompt_ids is not None
         conversation.turn += 1

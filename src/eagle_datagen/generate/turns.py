@@ -264,7 +264,12 @@ class TurnState:
             end = record.get("end")
             if isinstance(end, str):
                 self.ended[base] = end
-                entries.append(end_entry(record, end, str(record.get("end_detail") or "")))
+                entries.append(
+                    end_entry(
+                        base, str(record.get("id")), record.get("conversation"), record.get("sample"),
+                        record.get("turn"), end, str(record.get("end_detail") or ""),
+                    )
+                )  # fmt: skip
         for base in self.ended:
             self.records.pop(base, None)
         return entries
@@ -296,16 +301,9 @@ class TurnState:
         return 0 if self.is_done(base) else max(0, plan.turns - self.last_turn.get(base, 0))
 
 
-def end_entry(record: Mapping[str, Any], end: str, detail: str) -> dict[str, Any]:
-    """The ``conversations.jsonl`` line of a conversation whose last record is ``record``."""
-    split = split_turn_id(str(record.get("id")))
-    base = split[0] if split is not None else str(record.get("id"))
-    return {
-        "base": base,
-        "conversation": record.get("conversation"),
-        "sample": record.get("sample"),
-        "turns": record.get("turn"),
-        "id": record.get("id"),
-        "end": end,
-        **({"detail": detail} if detail else {}),
-    }
+def end_entry(
+    base: str, record_id: str, conversation: Any, sample: Any, turns: Any, end: str, detail: str
+) -> dict[str, Any]:
+    """The ``conversations.jsonl`` line of the conversation ``base`` whose last record is ``record_id``."""
+    entry = {"base": base, "conversation": conversation, "sample": sample, "turns": turns, "id": record_id, "end": end}
+    return {**entry, "detail": detail} if detail else entry
