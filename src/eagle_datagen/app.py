@@ -52,7 +52,6 @@ from eagle_datagen.options import build_run_config, merge, savable
 from eagle_datagen.progress import Progress, format_failures, format_summary
 from eagle_datagen.record.checks import RecordSpec
 from eagle_datagen.record.family import Family, PresetMismatch, apply_preset_tokens, describe_family, detect_family
-from eagle_datagen.record.turns import plan_turns
 from eagle_datagen.server.facts import (
     FactsCheck,
     ServerFacts,
@@ -211,8 +210,8 @@ def scan_prompts(config: RunConfig, skip_ids: Collection[str], turns: TurnState 
     todo = 0
     for row in reader:
         if state is not None:
-            plan = plan_turns(row.messages, str(config.prompts), row.line)
-            todo += sum(state.remaining(plan, base) for base, _ in record_ids(row.key, n))
+            assert row.turn_plan is not None  # the reader splits rows when turns are on
+            todo += sum(state.remaining(row.turn_plan, base) for base, _ in record_ids(row.key, n))
         else:
             todo += sum(1 for rid, _ in record_ids(row.key, n) if rid not in skip_ids)
     return PromptScan(rows=reader.stats.rows, bad=reader.stats.bad, todo=todo)

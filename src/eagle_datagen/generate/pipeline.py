@@ -38,7 +38,6 @@ from eagle_datagen.inputs.prompts import PromptReader, PromptRow
 from eagle_datagen.inputs.render import Rendered
 from eagle_datagen.record.checks import RecordSpec
 from eagle_datagen.record.tally import Tally
-from eagle_datagen.record.turns import plan_turns
 from eagle_datagen.store.logs import JsonlLog
 from eagle_datagen.store.shards import ShardStore
 
@@ -229,8 +228,8 @@ class Producer:
     def _conversations(self, row: PromptRow, wanted: list[tuple[str, int]]) -> list[_Staged]:
         """``--turns all``: what each wanted conversation sends next. Those starting afresh render together (turn 1
         is the same conversation for every sample); one going on from an earlier run renders its next turn."""
-        assert self.turns is not None
-        plan = plan_turns(row.messages, str(self.reader.path), row.line)  # the reader validated it
+        assert self.turns is not None and row.turn_plan is not None  # the reader splits rows when turns are on
+        plan = row.turn_plan
         fresh: list[tuple[str, int]] = []
         fresh_conversations: list[Conversation] = []
         out: list[_Staged] = []
@@ -242,12 +241,11 @@ class Producer:
                 fresh.append((conversation.record_id, sample))
                 fresh_conversations.append(conversation)
             else:
-                turn_row = dataclasses.replace(row, messages=conversation.messages)
+                turn_row = dataclasses.replace(row, messages=conversation.messages, turn_plan=None)
                 out.append((turn_row, [(conversation.record_id, sample)], [conversation]))
-        if fresh:
-            out.insert(
-                0, (dataclasses.replace(row, messages=fresh_conversations[0].messages), fresh, fresh_conversations)
-            )
+        if fresh:  # the renderer gets the turn's messages only (the plan stays with the conversations)
+            first = dataclasses.replace(row, messages=fresh_conversations[0].messages, turn_plan=None)
+            out.insert(0, (first, fresh, fresh_conversations))
         return out
 
     def _wanted(self, row: PromptRow) -> list[tuple[str, int]]:

@@ -14,6 +14,7 @@ collapse to one. Every problem is a :class:`BadInputError` naming the file, the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ import orjson
 from eagle_datagen.errors import BadInputError, UsageError
 from eagle_datagen.inputs.partition import Partition
 from eagle_datagen.inputs.sources import Columns, open_source
-from eagle_datagen.record.turns import plan_turns
+from eagle_datagen.record.turns import TurnPlan, plan_turns
 
 Message = dict[str, Any]
 
@@ -53,6 +54,8 @@ class PromptRow:
     tools: list[Any] | None = None
     #: chat-template kwargs over the renderer's own (a mix's variant; ``None``: the run's kwargs only)
     template_kwargs: dict[str, Any] | None = None
+    #: ``--turns all``: the row split at its assistant turns, by the reader that validated it
+    turn_plan: TurnPlan | None = None
 
 
 @dataclass(slots=True)
@@ -102,7 +105,7 @@ class PromptReader:
             try:
                 row = parse_row(raw, file, line_no)
                 if self.turns:
-                    plan_turns(row.messages, file, line_no)
+                    row = dataclasses.replace(row, turn_plan=plan_turns(row.messages, file, line_no))
                 if not self._is_new(row):
                     continue
             except BadInputError as exc:
