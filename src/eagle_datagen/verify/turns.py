@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from eagle_datagen.errors import BadInputError
-from eagle_datagen.inputs.prompts import PromptRow, parse_row
+from eagle_datagen.inputs.prompts import PromptRow
 from eagle_datagen.inputs.render import RowRenderer
 from eagle_datagen.record.turns import ENDS, RENDER_ENDS, first_messages, next_step, plan_turns, split_turn_id
 
@@ -32,6 +32,12 @@ BATCH = 256
 
 #: ``(kind, path, line, id, message)``
 Sink = Callable[[str, str, int, str, str], None]
+
+
+def first_difference(stored: Sequence[int], rendered: Sequence[int]) -> int:
+    """Where two id lists first differ (the shorter one's length when one is the other's prefix)."""
+    at = next((i for i, (a, b) in enumerate(zip(stored, rendered, strict=False)) if a != b), None)
+    return min(len(stored), len(rendered)) if at is None else at
 
 
 def messages_digest(messages: Sequence[Any]) -> bytes:
@@ -167,19 +173,8 @@ class TurnChecker:
         self.pending.clear()
 
     def _rows(self, keys: set[str]) -> dict[str, PromptRow | str]:
-        out: dict[str, PromptRow | str] = {}
-        name = str(self.index.path)
-        located = sorted((self.index.rows[k], k) for k in keys if k in self.index.rows)
-        for key in keys - {k for _, k in located}:
-            out[key] = f"no row with key {key!r} in {self.index.path}"
-        with self.index.path.open("rb") as handle:
-            for (offset, line), key in located:
-                handle.seek(offset)
-                try:
-                    out[key] = parse_row(handle.readline(), name, line)
-                except BadInputError as exc:
-                    out[key] = f"{name}:{line}: {exc.detail}"
-        return out
+        found = self.index.read(keys)  # verify's PromptIndex: the rows, or why one no longer parses
+        return {key: found.get(key, f"no row with key {key!r} in {self.index.path}") for key in keys}
 
     def _check(self, pending: _Pending, row: PromptRow) -> PromptRow | None:
         """The record against its row and the rule; the row to render its prompt from (``None``: not rendered)."""
@@ -229,8 +224,7 @@ class TurnChecker:
             return
         stored = pending.record["prompt_ids"]
         if rendered != stored:
-            at = next((i for i, (a, b) in enumerate(zip(stored, rendered, strict=False)) if a != b), None)
-            at = min(len(stored), len(rendered)) if at is None else at
+            at = first_difference(stored, rendered)
             self.error(
                 "prompt_mismatch",
                 *where,

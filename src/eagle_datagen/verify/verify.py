@@ -57,7 +57,7 @@ from eagle_datagen.record.family import Family, detect_family
 from eagle_datagen.record.turns import turn_id
 from eagle_datagen.store.manifest import MANIFEST_NAME, Manifest
 from eagle_datagen.store.shards import SHARD_RE, ShardInfo, record_id
-from eagle_datagen.verify.turns import ReplyCheck, TurnChecker
+from eagle_datagen.verify.turns import ReplyCheck, TurnChecker, first_difference
 
 SHARDS_DIR = "shards"
 RENDER_BATCH = 256
@@ -248,6 +248,20 @@ class PromptIndex:
             k: v for k, v in pinned.items() if k != "path"
         }
 
+    def read(self, keys: set[str]) -> dict[str, PromptRow | str]:
+        """The rows of ``keys`` (read in file order), or the reason a row no longer parses; keys the file lacks are
+        left out."""
+        out: dict[str, PromptRow | str] = {}
+        name = str(self.path)
+        with self.path.open("rb") as handle:
+            for (offset, line), key in sorted((self.rows[k], k) for k in keys if k in self.rows):
+                handle.seek(offset)
+                try:
+                    out[key] = parse_row(handle.readline(), name, line)
+                except BadInputError as exc:
+                    out[key] = f"{name}:{line}: {exc.detail}"
+        return out
+
     def close(self) -> None:
         """Removes the temporary copy, if there is one."""
         if self.spool is not None:
@@ -314,24 +328,18 @@ class Rerenderer:
             self.cache.clear()
 
     def _render(self, keys: set[str]) -> None:
-        located = sorted(
-            (self.index.rows[k.partition("\0")[0]], k) for k in keys if k.partition("\0")[0] in self.index.rows
-        )
-        if not located:
-            return
+        found = self.index.read({k.partition("\0")[0] for k in keys})
         name = str(self.index.path)
         rows: list[tuple[str, PromptRow]] = []
-        with self.index.path.open("rb") as handle:
-            for (offset, line), key in located:
-                handle.seek(offset)
-                try:
-                    row = parse_row(handle.readline(), name, line)
-                    kwargs = key.partition("\0")[2]
-                    rows.append(
-                        (key, dataclasses.replace(row, template_kwargs=orjson.loads(kwargs)) if kwargs else row)
-                    )
-                except BadInputError as exc:
-                    self.cache[key] = f"{name}:{line}: {exc.detail}"
+        for key in sorted(keys):  # each (key, kwargs): the row, with the record's own kwargs over the run's
+            row = found.get(key.partition("\0")[0])
+            if isinstance(row, str):
+                self.cache[key] = row
+            elif row is not None:
+                kwargs = key.partition("\0")[2]
+                rows.append((key, dataclasses.replace(row, template_kwargs=orjson.loads(kwargs)) if kwargs else row))
+        if not rows:
+            return
         rendered = self.renderer.render_many([row for _, row in rows], name)
         for (key, row), ids in zip(rows, rendered, strict=True):
             self.cache[key] = f"{name}:{row.line}: {ids.detail}" if isinstance(ids, BadInputError) else ids
@@ -346,8 +354,7 @@ class Rerenderer:
         if isinstance(rendered, str):
             self.on_error("render_error", path, line, rid, rendered)
         elif rendered != prompt_ids:
-            at = next((i for i, (a, b) in enumerate(zip(prompt_ids, rendered, strict=False)) if a != b), None)
-            at = min(len(prompt_ids), len(rendered)) if at is None else at
+            at = first_difference(prompt_ids, rendered)
             self.on_error(
                 "prompt_mismatch",
                 path,
