@@ -228,13 +228,12 @@ class Producer:
     def _conversations(self, row: PromptRow, wanted: list[tuple[str, int]]) -> list[_Staged]:
         """``--turns all``: what each wanted conversation sends next. Those starting afresh render together (turn 1
         is the same conversation for every sample); one going on from an earlier run renders its next turn."""
-        assert self.turns is not None and row.turn_plan is not None  # the reader splits rows when turns are on
-        plan = row.turn_plan
+        assert self.turns is not None
         fresh: list[tuple[str, int]] = []
         fresh_conversations: list[Conversation] = []
         out: list[_Staged] = []
         for base, sample in wanted:
-            conversation = self.turns.start(row, plan, base, self.on_truncated)
+            conversation = self.turns.start(row, base, self.on_truncated)
             if conversation is None:
                 self.stats.already_done += 1
             elif conversation.turn == 1:

@@ -57,11 +57,16 @@ RenderOne = Callable[[PromptRow], list[int]]
 class Conversation:
     """Where one conversation (one sample of one row) stands: the turn about to be sent, and its messages."""
 
+    #: the source row (its ``turn_plan`` set by the reader), with a mix's kwargs
     row: PromptRow
-    plan: TurnPlan
     base_id: str
     turn: int
     messages: list[Message]
+
+    @property
+    def plan(self) -> TurnPlan:
+        assert self.row.turn_plan is not None
+        return self.row.turn_plan
 
     @property
     def record_id(self) -> str:
@@ -277,15 +282,18 @@ class TurnState:
     def is_done(self, base: str) -> bool:
         return base in self.ended or turn_id(base, self.last_turn.get(base, 0) + 1) in self.kept_aside
 
-    def start(self, row: PromptRow, plan: TurnPlan, base: str, on_truncated: str) -> Conversation | None:
-        """The conversation of ``base`` from where it stands, or ``None`` when it has nothing left to send."""
+    def start(self, row: PromptRow, base: str, on_truncated: str) -> Conversation | None:
+        """The conversation of ``base`` (a sample of ``row``, split by the reader) from where it stands, or ``None``
+        when it has nothing left to send."""
+        assert row.turn_plan is not None
+        plan = row.turn_plan
         if self.is_done(base):
             return None
         record = self.records.get(base)
         if record is None:
             if self.last_turn.get(base, 0):  # its record could not be read back: do not write a turn twice
                 return None
-            return Conversation(row, plan, base, 1, first_messages(plan))
+            return Conversation(row, base, 1, first_messages(plan))
         turn = self.last_turn[base]
         finish = record.get("finish_reason") or {}
         step = next_step(
@@ -294,7 +302,7 @@ class TurnState:
         )  # fmt: skip
         if step.messages is None:
             return None
-        return Conversation(row, plan, base, turn + 1, step.messages)
+        return Conversation(row, base, turn + 1, step.messages)
 
     def remaining(self, plan: TurnPlan, base: str) -> int:
         """Turns still to send for ``base`` at most (the progress bar's total)."""
