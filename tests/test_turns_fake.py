@@ -194,6 +194,10 @@ def test_a_reasoning_model_without_its_parser_is_refused_before_anything_is_sent
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert "--reasoning-parser-name" in result.output
+    # the advice, followed literally: `none` keeps the whole reply as the answer
+    followed = invoke(*args, "--reasoning-parser-name", "none")
+    assert followed.exit_code == 0, followed.output
+    assert all("reasoning_content" not in r["reply"] for r in read_records(tmp_path / "out"))
     bad = run_args(prompts, tmp_path / "out2", tiny_tokenizer, fake_server)
     bad[bad.index("kimi_k2")] = "no_such_parser"
     result = CliRunner().invoke(main, bad)
@@ -378,3 +382,17 @@ def test_render_server_renders_every_turn_through_the_server_and_gives_the_same_
     assert result.exit_code == 0, result.output
     assert {r["id"]: r for r in read_records(served)} == {r["id"]: r for r in read_records(client)}
     assert sum(1 for n in rendered if n >= 3) == 10  # turns 2 and 3 of each conversation: rendered by the server
+
+
+def test_rows_with_tools_need_a_tool_call_parser_and_none_is_an_answer(
+    tmp_path: Path, tiny_tokenizer: Path, fake_server: Any
+) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    prompts = write_jsonl(tmp_path / "convs.jsonl", [{**conversation(0, 2), "tools": [tool]}])
+    refused = CliRunner().invoke(main, run_args(prompts, tmp_path / "out", tiny_tokenizer, fake_server))
+    assert refused.exit_code == 2 and "--tool-call-parser-name none keeps calls as text" in refused.output
+    followed = invoke(
+        *run_args(prompts, tmp_path / "out", tiny_tokenizer, fake_server, "--tool-call-parser-name", "none")
+    )
+    assert followed.exit_code == 0, followed.output
+    assert len(read_records(tmp_path / "out")) == 2

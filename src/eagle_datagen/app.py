@@ -562,13 +562,13 @@ def check_turn_parsers(config: RunConfig, family: Family, source: Any) -> None:
     """``--turns all`` splits each reply as serving does: a reasoning model needs its reasoning parser (else the
     history would carry the whole reasoning as the answer), and rows with tools need the tool-call parser."""
     assert config.turns is not None
-    if family.has_think and config.turns.reasoning_parser is None:
+    if family.has_think and not config.turns.reasoning_parser_given:
         raise UsageError(
             f"--turns all: the model reasons ({describe_family(family)}), so each reply must be split by SGLang's "
             "reasoning parser: give --reasoning-parser-name (kimi_k2, qwen3, deepseek-r1, glm45, ...), or set it in "
             "the preset's [parsers]; --reasoning-parser-name none keeps the whole reply as the answer"
         )
-    if config.turns.tool_call_parser is None and count_rows_with_tools(source):
+    if not config.turns.tool_call_parser_given and count_rows_with_tools(source):
         raise UsageError(
             f"--turns all: {config.prompts} has rows with tools, so each reply's tool calls must be parsed by SGLang's "
             "tool-call parser: give --tool-call-parser-name (kimi_k2, qwen25, deepseekv3, glm45, ...), or set it in "

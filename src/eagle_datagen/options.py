@@ -302,7 +302,13 @@ def _turns(opts: dict[str, Any]) -> TurnConfig | None:
             raise UsageError(f"--{key.replace('_', '-')} must be a parser name, got {value!r}")
         return None if value in (None, "", "none") else value
 
-    return TurnConfig(name("reasoning_parser_name"), name("tool_call_parser_name"), on_truncated)
+    return TurnConfig(
+        name("reasoning_parser_name"),
+        name("tool_call_parser_name"),
+        on_truncated,
+        reasoning_parser_given=opts.get("reasoning_parser_name") not in (None, ""),
+        tool_call_parser_given=opts.get("tool_call_parser_name") not in (None, ""),
+    )
 
 
 def _api_key(opts: dict[str, Any]) -> str | None:

@@ -68,6 +68,9 @@ class TurnConfig:
     reasoning_parser: str | None
     tool_call_parser: str | None
     on_truncated: str = "stop"
+    #: whether a name was given (``none`` is one: that parser is off on purpose), else it was left unset
+    reasoning_parser_given: bool = True
+    tool_call_parser_given: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
