@@ -89,13 +89,16 @@ class ReplyCheck:
         """``(record id, record, row tools)`` → the parsed reply of each (or the :class:`ServerError`)."""
         import asyncio
 
-        import httpx
-
+        from eagle_datagen.generate.client import make_http_client
+        from eagle_datagen.generate.connect import ssl_context
         from eagle_datagen.generate.turns import parse_turn
 
         async def all_of() -> list[Any]:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            async with httpx.AsyncClient(timeout=120, headers=headers) as http:
+            # the run's own client: one trust store, its auth header, no proxies (as verify's server renderer)
+            client = make_http_client(
+                max_connections=16, request_timeout_s=120.0, api_key=self.api_key, tls=ssl_context()
+            )
+            async with client as http:
                 semaphore = asyncio.Semaphore(16)
 
                 async def one(rid: str, record: dict[str, Any], tools: list[dict[str, Any]] | None) -> Any:
